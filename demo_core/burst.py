@@ -1,0 +1,171 @@
+"""One training burst: a fresh model, one collator, `steps` optimizer steps with the Hugging Face Trainer.
+
+`StepRecorder` (a TrainerCallback) times each optimizer step between `on_step_begin` and `on_step_end`, after a
+device synchronisation, so the time covers forward, backward and the optimizer step of exactly that batch; the
+collator's own timing covers batch building, which the Trainer does before `on_step_begin`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import tempfile
+import threading
+import time
+from typing import Callable
+
+import datasets
+import torch
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from trl import pack_dataset
+
+from .collators import BatchStats, make_collator
+from .models import ModelSource
+from .results import Result
+
+datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
+
+ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class BurstSettings:
+    steps: int
+    batch_size: int
+    max_length: int
+    learning_rate: float
+    optimizer: str  # "adamw" | "sgd"
+    precision: str  # "fp32" | "bf16" | "fp16"
+    device: str  # "cpu" | "cuda"
+    seed: int
+    gradient_checkpointing: bool = False
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class StepRecorder(TrainerCallback):
+    """Records per-step wall time and the batch each step consumed; honours a stop request between steps."""
+
+    def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None,
+                 stop_event: threading.Event | None):
+        self.collator, self.device, self.total_steps, self.name = collator, device, total_steps, name
+        self.progress, self.stop_event = progress, stop_event
+        self.step_times_s: list[float] = []
+        self.batches: list[BatchStats] = []
+        self.stopped_early = False
+        self._started = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        _synchronize(self.device)
+        self._started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        _synchronize(self.device)
+        self.step_times_s.append(time.perf_counter() - self._started)
+        self.batches.append(self.collator.pending_stats.popleft())
+        if self.progress is not None:
+            self.progress(self.name, len(self.step_times_s), self.total_steps)
+        if self.stop_event is not None and self.stop_event.is_set() and state.global_step < state.max_steps:
+            self.stopped_early = True
+            control.should_training_stop = True
+
+
+class RecordingTrainer(Trainer):
+    """Trainer that keeps each step's exact loss (the logged loss is rounded and averaged over logging steps)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_losses: list[float] = []
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.step_losses.append(float(loss))
+        return loss
+
+
+def training_dataset(examples: list[list[int]], collator: str, max_length: int) -> datasets.Dataset:
+    dataset = datasets.Dataset.from_dict({"input_ids": examples})
+    if collator == "bfd":
+        # TRL's best-fit-decreasing packer: rows of at most max_length tokens, each with its `seq_lengths`.
+        dataset = pack_dataset(dataset, seq_length=max_length, strategy="bfd")
+    return dataset
+
+
+def _make_optimizer(model: torch.nn.Module, settings: BurstSettings):
+    """None lets Trainer build torch AdamW; SGD with momentum 0.9 is built here (Trainer's "sgd" has none)."""
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
+    return None
+
+
+def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str, attention: str,
+              settings: BurstSettings, progress: ProgressFn | None = None,
+              stop_event: threading.Event | None = None) -> Result:
+    model = source.build(attention, torch.float32, seed=settings.seed)
+    model.config.use_cache = False  # a cache turns packing detection off (FIELD_NOTES)
+    collator = make_collator(collator_name, source.tokenizer)
+    recorder = StepRecorder(collator, settings.device, settings.steps, collator_name, progress, stop_event)
+    with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
+        args = TrainingArguments(
+            output_dir=output_dir,
+            max_steps=settings.steps,
+            per_device_train_batch_size=settings.batch_size,
+            learning_rate=settings.learning_rate,
+            lr_scheduler_type="constant",
+            weight_decay=0.0,
+            optim="adamw_torch",
+            seed=settings.seed,
+            # Pre-shuffled data read in order: every collator sees the same examples in the same order.
+            train_sampling_strategy="group_by_length" if collator_name == "padded-grouped" else "sequential",
+            bf16=settings.precision == "bf16",
+            fp16=settings.precision == "fp16",
+            use_cpu=settings.device == "cpu",
+            activation_checkpointing=settings.gradient_checkpointing,
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            dataloader_pin_memory=settings.device == "cuda",
+            report_to="none",
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        optimizer = _make_optimizer(model, settings)
+        trainer = RecordingTrainer(
+            model=model,
+            args=args,
+            train_dataset=training_dataset(examples, collator_name, settings.max_length),
+            data_collator=collator,
+            callbacks=[recorder],
+            optimizers=(optimizer, None),
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
+        if settings.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train()
+        peak_memory_bytes = torch.cuda.max_memory_allocated() if settings.device == "cuda" else None
+        steps_done = len(recorder.step_times_s)
+        result = Result(
+            collator=collator_name,
+            attention=attention,
+            device=settings.device,
+            precision=settings.precision,
+            steps=steps_done,
+            losses=trainer.step_losses[:steps_done],
+            step_times_s=recorder.step_times_s,
+            step_real_tokens=[b.real_tokens for b in recorder.batches],
+            step_padded_slots=[b.padded_slots for b in recorder.batches],
+            step_examples=[b.examples for b in recorder.batches],
+            step_collate_s=[b.collate_s for b in recorder.batches],
+            peak_memory_bytes=peak_memory_bytes,
+            memory={},
+            partial=recorder.stopped_early,
+            world_size=args.world_size,
+        )
+    del trainer, model, optimizer
+    gc.collect()
+    if settings.device == "cuda":
+        torch.cuda.empty_cache()
+    return result

@@ -1,0 +1,127 @@
+"""`python -m demo_core compare ...`: the engine headless. Prints a table; `--json PATH` writes the document.
+
+Bad input exits 2 with one line `error: ...` on stderr and no traceback (argparse's own errors included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .attention import capability_table
+from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, DEVICE_NAMES, RunConfig
+from .engine import run_comparison
+from .errors import DemoInputError
+from .models import PRESETS
+from .results import write_json
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump: the contract for bad input
+        raise DemoInputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m demo_core", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    compare = commands.add_parser("compare", help="run a short training burst per collator and compare them")
+    defaults = RunConfig()
+    compare.add_argument("--model", default=defaults.model, help=f"preset ({', '.join(PRESETS)}), hub id or folder")
+    compare.add_argument("--dataset", default=defaults.dataset, help="flan-like, orcamath-like, a .json/.jsonl file "
+                         "or a hub dataset id")
+    compare.add_argument("--samples", default=defaults.samples, help="examples to sample from the dataset")
+    compare.add_argument("--collators", default=",".join(defaults.collators), help="comma list of: padded, "
+                         "flatten, naive-concat, bfd, padded-grouped")
+    compare.add_argument("--steps", default=defaults.steps, help="optimizer steps per collator (step 1 is warm-up)")
+    compare.add_argument("--batch-size", default=defaults.batch_size, help="examples per step (bfd: packed rows)")
+    compare.add_argument("--attention", default=defaults.attention, choices=ATTENTION_NAMES)
+    compare.add_argument("--seed", default=defaults.seed)
+    compare.add_argument("--max-length", default=defaults.max_length, help="truncate examples to this many tokens")
+    compare.add_argument("--precision", default=defaults.precision, choices=PRECISION_NAMES)
+    compare.add_argument("--optimizer", default=defaults.optimizer, choices=OPTIMIZER_NAMES)
+    compare.add_argument("--learning-rate", default=defaults.learning_rate)
+    compare.add_argument("--device", default=defaults.device, choices=DEVICE_NAMES)
+    compare.add_argument("--gradient-checkpointing", action="store_true")
+    compare.add_argument("--json", metavar="PATH", help="write the full result document here")
+    caps = commands.add_parser("capabilities", help="which attention path works for which model family and device")
+    caps.add_argument("--models", default="tiny-llama,tiny-mistral,tiny-qwen2,tiny-gemma,tiny-phi3,tiny-granite,tiny-gpt2")
+    return parser
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(width) if i else cell.ljust(width) for i, (cell, width)
+                               in enumerate(zip(row, widths))) for row in rows)
+
+
+def format_report(document: dict) -> str:
+    stats = document["dataset_stats"]
+    config = document["config"]
+    lines = [
+        f"model {config['model']}  attention {config['resolved_attention']}  device {config['resolved_device']}  "
+        f"precision {config['resolved_precision']}",
+        f"dataset {stats['name']}: {stats['count']} examples, mean {stats['mean']:.0f} tokens, "
+        f"p50 {stats['p50']:.0f}, p90 {stats['p90']:.0f}, p99 {stats['p99']:.0f}, max {stats['max']}",
+        "",
+    ]
+    rows = [["collator", "steps", "pad frac", "tokens/s", "samples/s", "step ms", "speedup", "ideal", "max |Δloss|",
+             "final loss"]]
+    for result in document["results"]:
+        entry = document["comparison"][result["collator"]]
+        speedup = entry["speedup_vs_padded"]
+        diff = entry["max_abs_loss_diff_vs_padded"]
+        rows.append([
+            result["collator"] + (" (partial)" if result["partial"] else ""), str(result["steps"]),
+            f"{result['pad_fraction']:.1%}", f"{result['tokens_per_s']:.0f}", f"{result['samples_per_s']:.1f}",
+            f"{result['step_time_median_s'] * 1000:.0f}", "-" if speedup is None else f"{speedup:.2f}x",
+            f"{entry['ideal_speedup']:.2f}x", "-" if diff is None else f"{diff:.1e}",
+            f"{result['losses'][-1]:.4f}" if result["losses"] else "-",
+        ])
+    lines.append(_table(rows))
+    contamination = document["contamination"]
+    if contamination:
+        lines.append("")
+        lines.append(
+            f"contamination check ({len(contamination)} examples): max |Δlogit| vs each example alone: "
+            f"flatten {max(r['flatten_max_abs_logit_diff'] for r in contamination):.1e}, "
+            f"naive-concat {max(r['naive_concat_max_abs_logit_diff'] for r in contamination):.1e}"
+        )
+    for note in stats.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def _compare(args) -> None:
+    config = RunConfig(
+        model=args.model, dataset=args.dataset, samples=args.samples, collators=args.collators, steps=args.steps,
+        batch_size=args.batch_size, attention=args.attention, seed=args.seed, max_length=args.max_length,
+        precision=args.precision, optimizer=args.optimizer, learning_rate=args.learning_rate, device=args.device,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
+    document = run_comparison(config).to_dict()
+    if args.json:
+        write_json(document, args.json)
+    print(format_report(document))
+
+
+def _capabilities(args) -> None:
+    from .models import load_model_source
+
+    configs = {name: load_model_source(name).config for name in args.models.split(",") if name}
+    rows = [["model", "attention", "device", "works", "why"]]
+    rows += [[r["model"], r["attention"], r["device"], "yes" if r["works"] else "no", r["why"]]
+             for r in capability_table(configs)]
+    print(_table(rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        {"compare": _compare, "capabilities": _capabilities}[args.command](args)
+    except DemoInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # e.g. --json into a folder that does not exist
+        print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    return 0

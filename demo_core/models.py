@@ -1,0 +1,196 @@
+"""Models: offline presets (random-init from config) and real checkpoints (hub id or local folder).
+
+Presets are the blog's architectures at toy sizes so a CPU can train them in seconds. They share one offline
+tokenizer: ByT5's byte-level tokenizer needs no files and no training step, maps every UTF-8 byte to one token
+(so "tokens" are bytes and lengths are predictable), and `len(tokenizer)` = 384 sets the vocabulary size.
+Real checkpoints load through the Auto classes, never with `trust_remote_code`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import ByT5Tokenizer
+
+from .errors import DemoInputError
+
+BYTE_VOCAB_SIZE = 384  # len(ByT5Tokenizer()): 256 bytes + 3 specials + 125 extra ids
+
+# Sizes: "tiny" ≈ 0.5–1M parameters (the CPU default), "small" ≈ 4–10M, "1b" the Llama-3.2-1B shape (GPU only).
+_SIZES = {
+    "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, ffn=512),
+    "small": dict(hidden=256, layers=4, heads=8, kv_heads=4, ffn=1024),
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192),
+}
+
+
+def _family_config(family: str, size: dict, vocab_size: int, max_positions: int) -> PretrainedConfig:
+    """One config per architecture; fields set explicitly where a family's default would break a toy model."""
+    hidden, layers, heads, kv_heads, ffn = (size[k] for k in ("hidden", "layers", "heads", "kv_heads", "ffn"))
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=ffn,
+        max_position_embeddings=max_positions,
+        pad_token_id=0,  # ByT5's pad id; some families default to an id outside a 384-token vocabulary
+        bos_token_id=None,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    if family == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(**common)
+    if family == "mistral":
+        from transformers import MistralConfig
+
+        return MistralConfig(**common, sliding_window=None)  # no window: every path then computes the same thing
+    if family == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**common)
+    if family == "gemma":
+        from transformers import GemmaConfig
+
+        return GemmaConfig(**common, head_dim=hidden // heads)  # Gemma defaults head_dim to 256
+    if family == "phi3":
+        from transformers import Phi3Config
+
+        return Phi3Config(**common, original_max_position_embeddings=max_positions)
+    if family == "granite":
+        from transformers import GraniteConfig
+
+        return GraniteConfig(**common)
+    if family == "gpt2":
+        from transformers import GPT2Config
+
+        return GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_inner=ffn,
+            n_positions=max_positions,
+            pad_token_id=0,
+            bos_token_id=None,
+            eos_token_id=1,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    raise KeyError(family)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    name: str
+    family: str
+    size: str
+    vocab_size: int = BYTE_VOCAB_SIZE
+    max_positions: int = 8192
+
+    def config(self) -> PretrainedConfig:
+        config = _family_config(self.family, _SIZES[self.size], self.vocab_size, self.max_positions)
+        # Dropout off everywhere: two collators must see identical numerics for their losses to be comparable.
+        for field in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            if hasattr(config, field):
+                setattr(config, field, 0.0)
+        return config
+
+
+PRESETS: dict[str, Preset] = {}
+for _family in ("llama", "mistral", "qwen2", "gemma", "phi3", "granite"):
+    PRESETS[f"tiny-{_family}"] = Preset(f"tiny-{_family}", _family, "tiny")
+# GPT-2 learns absolute positions: a table of 8192 rows would be most of a toy model, so it stops at 2048.
+PRESETS["tiny-gpt2"] = Preset("tiny-gpt2", "gpt2", "tiny", max_positions=2048)
+for _family in ("llama", "mistral", "qwen2", "gemma"):
+    PRESETS[f"small-{_family}"] = Preset(f"small-{_family}", _family, "small")
+# The Llama-3.2-1B shape (vocabulary 128,256 so memory matches the real model), random-init, for GPU runs.
+PRESETS["llama-1b"] = Preset("llama-1b", "llama", "1b", vocab_size=128_256)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerBase:
+    tokenizer = ByT5Tokenizer()
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+@dataclasses.dataclass
+class ModelSource:
+    """What a run needs to build identical fresh models, one per collator."""
+
+    name: str
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    is_preset: bool
+    _build: Callable[[str, torch.dtype], torch.nn.Module]
+
+    @property
+    def family(self) -> str:
+        return self.config.model_type
+
+    def build(self, attn_implementation: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
+        """A fresh model; presets are seeded so every collator starts from the same weights."""
+        torch.manual_seed(seed)
+        return self._build(attn_implementation, dtype)
+
+
+def _preset_source(preset: Preset) -> ModelSource:
+    config = preset.config()
+
+    def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+
+    return ModelSource(preset.name, config, byte_tokenizer(), True, build)
+
+
+def _pretrained_source(name_or_path: str) -> ModelSource:
+    """A hub id or a local folder with config.json, weights and a tokenizer."""
+    local = Path(name_or_path).expanduser()
+    if local.exists() and not local.is_dir():
+        raise DemoInputError(f"model path {name_or_path!r} is a file; give a folder with config.json and weights")
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise DemoInputError(f"model folder {name_or_path!r} has no config.json: it is not a model folder")
+    target = str(local) if local.is_dir() else name_or_path
+    try:
+        config = AutoConfig.from_pretrained(target, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (offline: only models already in the local cache can be used)" if offline else ""
+        raise DemoInputError(
+            f"cannot load model {name_or_path!r}{hint}: it is not a preset ({', '.join(PRESETS)}), "
+            f"a model folder, or a loadable hub id ({type(error).__name__})"
+        ) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+
+    def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
+        try:
+            return AutoModelForCausalLM.from_pretrained(
+                target, attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False
+            )
+        except (OSError, ValueError) as error:
+            raise DemoInputError(f"cannot load weights of {name_or_path!r}: {error}".splitlines()[0]) from None
+
+    return ModelSource(name_or_path, config, tokenizer, False, build)
+
+
+def load_model_source(name_or_path: str) -> ModelSource:
+    if name_or_path in PRESETS:
+        return _preset_source(PRESETS[name_or_path])
+    return _pretrained_source(name_or_path)
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    """The longest sequence the model's position scheme supports (None when the config does not say)."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
