@@ -1,0 +1,58 @@
+"""The CLI contract: flags, the JSON document's keys, and one-line errors with exit 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+RESULT_KEYS = {"collator", "attention", "steps", "real_tokens", "padded_slots", "pad_fraction", "tokens_per_s",
+               "samples_per_s", "step_time_median_s", "losses", "peak_memory_bytes", "memory"}
+COMPARISON_KEYS = {"speedup_vs_padded", "ideal_speedup", "max_abs_loss_diff_vs_padded"}
+
+
+def run_cli(*args, timeout=240):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "demo_core", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_compare_writes_every_contract_key(tmp_path):
+    out = tmp_path / "run.json"
+    done = run_cli("compare", "--model", "tiny-llama", "--dataset", "flan-like", "--samples", "64", "--collators",
+                   "padded,flatten", "--steps", "3", "--batch-size", "4", "--seed", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    document = json.loads(out.read_text())
+    assert {"config", "dataset_stats", "results", "comparison"} <= set(document)
+    assert [r["collator"] for r in document["results"]] == ["padded", "flatten"]
+    for result in document["results"]:
+        assert RESULT_KEYS <= set(result)
+        assert len(result["losses"]) == result["steps"] == 3
+    for collator in ("padded", "flatten"):
+        assert COMPARISON_KEYS <= set(document["comparison"][collator])
+    assert "flatten" in done.stdout and "tokens/s" in done.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "steps must be between"),
+    (["--batch-size", "zero"], "batch size must be a whole number"),
+    (["--collators", "padded,shuffle"], "unknown collator 'shuffle'"),
+    (["--attention", "flash_attention_2"], "flash_attention_2 needs a CUDA GPU"),
+    (["--dataset", "missing.jsonl"], "does not exist"),
+    (["--max-length", "1"], "max length must be between"),
+    (["--unknown-flag"], "unrecognized arguments"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    done = run_cli("compare", *args, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_capabilities_table_lists_every_path():
+    done = run_cli("capabilities", "--models", "tiny-llama,tiny-gpt2", timeout=120)
+    assert done.returncode == 0, done.stderr
+    for path in ("flash_attention_2", "varlen", "sdpa", "eager"):
+        assert path in done.stdout

@@ -1,0 +1,88 @@
+"""The engine end to end on tiny models: packing is exact, losses agree, naive concatenation is visibly wrong."""
+
+import pytest
+import torch
+
+from demo_core import DemoInputError, RunConfig, run_comparison
+from demo_core.contamination import contamination_check
+from demo_core.data import load
+from demo_core.models import PRESETS, load_model_source
+
+TINY_PRESETS = [name for name in PRESETS if name.startswith("tiny-")]
+
+
+@pytest.fixture(scope="module")
+def examples():
+    source = load_model_source("tiny-llama")
+    return load("flan-like", source.tokenizer, 6, 1, 512).examples
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_flatten_matches_each_example_alone_and_naive_does_not(preset, examples):
+    source = load_model_source(preset)
+    rows = contamination_check(source, "sdpa", examples, "cpu", seed=0)
+    assert max(row["flatten_max_abs_logit_diff"] for row in rows) < 1e-4
+    # Every example after the first sees its predecessors under naive concatenation.
+    assert min(row["naive_concat_max_abs_logit_diff"] for row in rows[1:]) > 0.1
+
+
+def test_presets_start_from_identical_weights():
+    source = load_model_source("tiny-qwen2")
+    first, second = source.build("sdpa", seed=3), source.build("sdpa", seed=3)
+    for (name, a), (_, b) in zip(first.named_parameters(), second.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+@pytest.fixture(scope="module")
+def padded_vs_flatten():
+    config = RunConfig(model="tiny-llama", dataset="flan-like", samples=80, collators=("padded", "flatten"),
+                       steps=10, batch_size=8, attention="sdpa")
+    return run_comparison(config).to_dict()
+
+
+def test_losses_padded_vs_flatten_agree_over_10_steps(padded_vs_flatten):
+    padded, flatten = padded_vs_flatten["results"]
+    assert len(padded["losses"]) == len(flatten["losses"]) == 10
+    assert max(abs(a - b) for a, b in zip(padded["losses"], flatten["losses"])) < 1e-4
+    assert padded_vs_flatten["comparison"]["flatten"]["max_abs_loss_diff_vs_padded"] < 1e-4
+
+
+def test_same_examples_same_order(padded_vs_flatten):
+    padded, flatten = padded_vs_flatten["results"]
+    assert padded["step_real_tokens"] == flatten["step_real_tokens"]
+    assert padded["step_examples"] == flatten["step_examples"] == [8] * 10
+    assert flatten["pad_fraction"] == 0.0 and padded["pad_fraction"] > 0.3
+
+
+def test_ideal_speedup_is_padded_slots_over_real_tokens(padded_vs_flatten):
+    padded = padded_vs_flatten["results"][0]
+    timed_slots, timed_real = sum(padded["step_padded_slots"][1:]), sum(padded["step_real_tokens"][1:])
+    assert padded_vs_flatten["comparison"]["flatten"]["ideal_speedup"] == pytest.approx(timed_slots / timed_real)
+
+
+def test_loss_falls_on_builtin_data():
+    config = RunConfig(model="tiny-llama", dataset="flan-like", samples=400, collators=("flatten",), steps=50,
+                       batch_size=8)
+    losses = run_comparison(config).results[0].losses
+    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+
+
+def test_local_model_folder_round_trip(tmp_path):
+    source = load_model_source("tiny-llama")
+    source.build("sdpa").save_pretrained(tmp_path)
+    source.tokenizer.save_pretrained(tmp_path)
+    config = RunConfig(model=str(tmp_path), samples=16, collators=("padded", "flatten"), steps=2, batch_size=4,
+                       attention="sdpa")
+    document = run_comparison(config).to_dict()
+    assert document["comparison"]["flatten"]["max_abs_loss_diff_vs_padded"] < 1e-4
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(DemoInputError, match="not a model folder"):
+        load_model_source(str(tmp_path))
+
+
+def test_uncached_hub_id_offline_is_one_clear_error():
+    # conftest.py runs the tests offline (HF_HUB_OFFLINE=1), as the app runs here
+    with pytest.raises(DemoInputError, match="offline"):
+        load_model_source("no-such-org/no-such-model-packing-lab")
