@@ -1,4 +1,4 @@
-"""Test session settings: no network, no telemetry, one thread per op to keep 2-core timings stable.
+"""Test session settings: no network and no telemetry, as the app runs here.
 
 Set before anything imports huggingface_hub or gradio, which read these variables once at import.
 """
