@@ -194,3 +194,11 @@ def load_model_source(name_or_path: str) -> ModelSource:
 def max_positions(config: PretrainedConfig) -> int | None:
     """The longest sequence the model's position scheme supports (None when the config does not say)."""
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def accepts_position_ids(config: PretrainedConfig) -> bool:
+    """Padding-free packing restarts positions per example through `position_ids`; models without it can't pack."""
+    import inspect
+
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    return "position_ids" in inspect.signature(model_class.forward).parameters

@@ -1,0 +1,47 @@
+"""Faults during a run: GPU out-of-memory (injected at the burst boundary: there is no GPU here) and Stop."""
+
+import threading
+
+import pytest
+import torch
+
+import demo_core.engine as engine
+from demo_core import DemoInputError, RunConfig, run_comparison
+
+SMALL = dict(model="tiny-llama", dataset="flan-like", samples=32, batch_size=4, attention="sdpa")
+
+
+def test_out_of_memory_becomes_a_message_and_the_next_run_works(monkeypatch):
+    real_run_burst = engine.run_burst
+    calls = []
+
+    def run_burst_that_runs_out_of_memory_once(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real_run_burst(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run_burst", run_burst_that_runs_out_of_memory_once)
+    config = RunConfig(**SMALL, collators=("padded", "flatten"), steps=2)
+    with pytest.raises(DemoInputError, match="out of GPU memory while training 'padded'.*smaller batch size"):
+        run_comparison(config)
+    document = run_comparison(config).to_dict()
+    assert [r["collator"] for r in document["results"]] == ["padded", "flatten"]
+    assert not document["partial"]
+
+
+def test_stop_ends_the_burst_within_a_step_and_labels_it_partial():
+    stop = threading.Event()
+
+    def stop_after_two_steps(collator, step, total):
+        if step == 2:
+            stop.set()
+
+    config = RunConfig(**SMALL, collators=("padded", "flatten"), steps=30)
+    comparison = run_comparison(config, progress=stop_after_two_steps, stop_event=stop)
+    assert comparison.partial
+    assert [r.collator for r in comparison.results] == ["padded"]  # flatten never started
+    assert comparison.results[0].partial and comparison.results[0].steps == 2
+    # The next run is unaffected.
+    again = run_comparison(RunConfig(**SMALL, collators=("flatten",), steps=3))
+    assert not again.partial and again.results[0].steps == 3
