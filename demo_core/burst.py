@@ -20,6 +20,7 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from trl import pack_dataset
 
 from .collators import BatchStats, make_collator
+from .distributed import merge_ranks, per_device_batch_size
 from .models import ModelSource
 from .results import Result
 
@@ -112,7 +113,7 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
         args = TrainingArguments(
             output_dir=output_dir,
             max_steps=settings.steps,
-            per_device_train_batch_size=settings.batch_size,
+            per_device_train_batch_size=per_device_batch_size(settings.batch_size),
             learning_rate=settings.learning_rate,
             lr_scheduler_type="constant",
             weight_decay=0.0,
@@ -123,6 +124,11 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
             bf16=settings.precision == "bf16",
             fp16=settings.precision == "fp16",
             use_cpu=settings.device == "cpu",
+            # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
+            # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
+            ddp_backend="gloo" if settings.device == "cpu" else None,
+            ddp_find_unused_parameters=False,
+            average_tokens_across_devices=True,
             activation_checkpointing=settings.gradient_checkpointing,
             remove_unused_columns=False,
             dataloader_num_workers=0,
@@ -168,4 +174,4 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
     gc.collect()
     if settings.device == "cuda":
         torch.cuda.empty_cache()
-    return result
+    return merge_ranks(result)

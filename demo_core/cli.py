@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import distributed
 from .attention import capability_table
 from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, DEVICE_NAMES, RunConfig
 from .engine import run_comparison
@@ -78,6 +79,12 @@ def format_report(document: dict) -> str:
             f"{result['losses'][-1]:.4f}" if result["losses"] else "-",
         ])
     lines.append(_table(rows))
+    world_size = document["environment"].get("world_size", 1)
+    if world_size > 1:
+        lines.append(f"{world_size} processes (DDP), {config['batch_size'] // world_size} examples each per step: "
+                     "tokens/s and samples/s are the aggregate; per process tokens/s:")
+        lines += [f"  {result['collator']}: {' / '.join(f'{rate:.0f}' for rate in result['tokens_per_s_per_device'])}"
+                  for result in document["results"]]
     contamination = document["contamination"]
     if contamination:
         lines.append("")
@@ -99,6 +106,9 @@ def _compare(args) -> None:
         gradient_checkpointing=args.gradient_checkpointing,
     )
     document = run_comparison(config).to_dict()
+    distributed.close()
+    if not distributed.is_main_process():
+        return  # under a launcher rank 0 reports for the whole group; the others exit 0 quietly
     if args.json:
         write_json(document, args.json)
     print(format_report(document))
@@ -120,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         {"compare": _compare, "capabilities": _capabilities}[args.command](args)
     except DemoInputError as error:
         print(f"error: {error}", file=sys.stderr)
+        distributed.wait_for_failing_ranks()  # under a launcher: let every rank print it before any exits
         return 2
     except OSError as error:  # e.g. --json into a folder that does not exist
         print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)

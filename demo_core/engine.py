@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import transformers
 
-from . import data
+from . import data, distributed
 from .attention import resolve_attention
 from .burst import BurstSettings, ProgressFn, run_burst, training_dataset
 from .collators import make_collator
@@ -53,10 +53,13 @@ def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) ->
     return costs
 
 
-def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int) -> float:
-    """Padded slots / real tokens over the timed steps: the speedup if step time were proportional to slots."""
-    costs = padded_step_costs(examples, batch_size, steps)
-    timed = costs[1:] if len(costs) > 1 else costs
+def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1) -> float:
+    """Padded slots / real tokens over the timed steps: the speedup if step time were proportional to slots.
+
+    Under DDP each rank pads only its own batch_size / world_size examples (consecutive shares of the global batch).
+    """
+    costs = padded_step_costs(examples, batch_size // world_size, steps * world_size)
+    timed = costs[world_size:] if steps > 1 else costs
     return sum(slots for _, slots in timed) / sum(real for real, _ in timed)
 
 
@@ -75,6 +78,7 @@ class Prepared:
 def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
     limits = limits or Limits()
     config = config.validated(limits)
+    distributed.per_device_batch_size(config.batch_size)  # fails on every rank alike, before any collective
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     source = load_model_source(config.model)
@@ -89,7 +93,7 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
 
 def environment(device: str) -> dict:
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "device": device, "cpu_threads": torch.get_num_threads()}
+            "device": device, "cpu_threads": torch.get_num_threads(), "world_size": distributed.world_size()}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -158,14 +162,15 @@ def run_comparison(config: RunConfig, limits: Limits | None = None, progress: Pr
         results.append(result)
         if on_result is not None:
             on_result(result)
+    # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective).
     contamination = contamination_check(prepared.source, prepared.attention, examples[: min(config.batch_size, 8)],
-                                        prepared.device, config.seed)
+                                        prepared.device, config.seed) if distributed.is_main_process() else []
     return Comparison(
         config={**config.to_dict(), "resolved_attention": prepared.attention, "resolved_device": prepared.device,
                 "resolved_precision": prepared.precision},
         dataset_stats=prepared.dataset.stats_dict(),
         results=results,
-        ideal_speedup=ideal_speedup(examples, config.batch_size, config.steps),
+        ideal_speedup=ideal_speedup(examples, config.batch_size, config.steps, distributed.world_size()),
         contamination=contamination,
         environment=environment(prepared.device),
         partial=any(result.partial for result in results) or len(results) < len(config.collators),

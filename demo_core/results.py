@@ -32,6 +32,9 @@ class Result:
     memory: dict
     partial: bool = False
     world_size: int = 1
+    # Under DDP (see distributed.merge_ranks) the step_* lists are the whole group's; these keep each rank's share.
+    rank_step_real_tokens: list[list[int]] = dataclasses.field(default_factory=list)
+    rank_peak_memory_bytes: list[int | None] = dataclasses.field(default_factory=list)
 
     def _timed(self, values: list) -> list:
         return values[1:] if len(values) > 1 else values
@@ -53,6 +56,12 @@ class Result:
         return sum(self._timed(self.step_real_tokens)) / sum(self._timed(self.step_times_s))
 
     @property
+    def tokens_per_s_per_device(self) -> list[float]:
+        """Each rank's real tokens over the group's step time; they add up to `tokens_per_s`, the aggregate."""
+        ranks = self.rank_step_real_tokens or [self.step_real_tokens]
+        return [sum(self._timed(tokens)) / sum(self._timed(self.step_times_s)) for tokens in ranks]
+
+    @property
     def samples_per_s(self) -> float:
         return sum(self._timed(self.step_examples)) / sum(self._timed(self.step_times_s))
 
@@ -68,8 +77,8 @@ class Result:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        for name in ("real_tokens", "padded_slots", "pad_fraction", "tokens_per_s", "samples_per_s",
-                     "step_time_median_s", "collate_time_share"):
+        for name in ("real_tokens", "padded_slots", "pad_fraction", "tokens_per_s", "tokens_per_s_per_device",
+                     "samples_per_s", "step_time_median_s", "collate_time_share"):
             data[name] = getattr(self, name)
         return data
 
