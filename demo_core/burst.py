@@ -19,8 +19,9 @@ import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 from trl import pack_dataset
 
+from . import memory
 from .collators import BatchStats, make_collator
-from .distributed import merge_ranks, per_device_batch_size
+from .distributed import merge_ranks, per_device_batch_size, world_size
 from .models import ModelSource
 from .results import Result
 
@@ -74,6 +75,81 @@ class StepRecorder(TrainerCallback):
             control.should_training_stop = True
 
 
+class MemoryRecorder(TrainerCallback):
+    """Measures memory per category during the burst (see memory.py for what each number is).
+
+    Saved activations are metered in step 1 only: the saved-tensor hook runs Python for every saved tensor, and
+    step 1 is the warm-up step that throughput leaves out anyway. Weights, gradients and optimizer state are summed
+    from tensors right after step 1's optimizer step (before the Trainer zeroes the gradients). Phase peaks (end of
+    forward, end of backward, after the optimizer step) are marked on every step.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: str):
+        self.model = model
+        self.meter = memory.SavedActivationMeter(model)
+        self.peaks = memory.PhasePeaks(device)
+        self.measured: dict | None = None
+        self._forward_hook = model.register_forward_hook(self._mark_forward_end)
+
+    # Forward hooks must return None: a returned value would replace the model's output.
+    def _mark_forward_end(self, *_) -> None:
+        self.peaks.mark("forward_end")
+
+    def _stop_meter(self, *_) -> None:
+        self.meter.stop()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.peaks.reset()
+        if state.global_step == 0:
+            self.meter.start()
+            # Hooked after the peak hook, so the meter stops at the end of the same forward (loss included).
+            self._meter_hook = self.model.register_forward_hook(self._stop_meter)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.peaks.mark("backward_end")
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        self.peaks.mark("optimizer_step")
+        if self.measured is None:
+            self._meter_hook.remove()
+            snapshot = memory.device_memory_snapshot(self.peaks.device)
+            self.measured = memory.measured_categories(self.model, optimizer, self.meter, snapshot)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._forward_hook.remove()
+
+
+def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, collator_name: str,
+                    attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
+    """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
+    lengths = first_batch.lengths
+    if collator_name.startswith("padded"):
+        shape = dict(batch_size=len(lengths), seq_len=max(lengths), real_tokens=sum(lengths))
+    else:
+        # One row; naive concatenation attends over the whole row as a single segment.
+        segments = [sum(lengths)] if collator_name == "naive-concat" else lengths
+        shape = dict(batch_size=1, seq_len=sum(lengths), real_tokens=sum(lengths), packed=True,
+                     segment_lengths=segments)
+    measured = recorder.measured or {}
+    estimate = memory.estimate_memory_detail(
+        source.config, **shape, precision=settings.precision, optimizer=settings.optimizer, attention=attention,
+        gradient_checkpointing=settings.gradient_checkpointing, context_bytes=measured.get("context"),
+        device_type=settings.device,
+    )
+    if settings.device == "cuda":
+        peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
+    else:
+        # A CPU process has no allocator peak to read (RSS only grows): report the live tensors at the end of the
+        # forward, when saved activations peak, as measured: weights + optimizer state + saved activations.
+        peak_bytes = sum(measured.get(c) or 0 for c in ("weights", "optimizer", "activations")) or None
+        peak_moment = "forward_end"
+    report = memory.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
+    report["estimated_peak_bytes"] = estimate.peak_bytes
+    report["estimated_peak_moment"] = estimate.peak_moment
+    report["phase_peaks"] = dict(recorder.peaks.peaks)
+    return report, peak_bytes
+
+
 class RecordingTrainer(Trainer):
     """Trainer that keeps each step's exact loss (the logged loss is rounded and averaged over logging steps)."""
 
@@ -109,6 +185,7 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
     model.config.use_cache = False  # a cache turns packing detection off (FIELD_NOTES)
     collator = make_collator(collator_name, source.tokenizer)
     recorder = StepRecorder(collator, settings.device, settings.steps, collator_name, progress, stop_event)
+    memory_recorder = MemoryRecorder(model, settings.device)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
         args = TrainingArguments(
             output_dir=output_dir,
@@ -126,7 +203,8 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
             use_cpu=settings.device == "cpu",
             # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
             # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
-            ddp_backend="gloo" if settings.device == "cpu" else None,
+            # (a backend named in a single process would make accelerate look for a process group that is not there)
+            ddp_backend="gloo" if settings.device == "cpu" and world_size() > 1 else None,
             ddp_find_unused_parameters=False,
             average_tokens_across_devices=True,
             activation_checkpointing=settings.gradient_checkpointing,
@@ -144,14 +222,13 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
             args=args,
             train_dataset=training_dataset(examples, collator_name, settings.max_length),
             data_collator=collator,
-            callbacks=[recorder],
+            callbacks=[recorder, memory_recorder],
             optimizers=(optimizer, None),
         )
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
-        if settings.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
         trainer.train()
-        peak_memory_bytes = torch.cuda.max_memory_allocated() if settings.device == "cuda" else None
+        memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0],
+                                                           collator_name, attention, settings)
         steps_done = len(recorder.step_times_s)
         result = Result(
             collator=collator_name,
@@ -166,11 +243,11 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
             step_examples=[b.examples for b in recorder.batches],
             step_collate_s=[b.collate_s for b in recorder.batches],
             peak_memory_bytes=peak_memory_bytes,
-            memory={},
+            memory=memory_report,
             partial=recorder.stopped_early,
             world_size=args.world_size,
         )
-    del trainer, model, optimizer
+    del trainer, model, optimizer, memory_recorder
     gc.collect()
     if settings.device == "cuda":
         torch.cuda.empty_cache()

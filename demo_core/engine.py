@@ -7,6 +7,7 @@ collator, the cost of padding and of attention), computed from the tokenized dat
 from __future__ import annotations
 
 import dataclasses
+import gc
 import platform
 import threading
 from typing import Callable
@@ -21,8 +22,12 @@ from .collators import make_collator
 from .config import Limits, RunConfig
 from .contamination import contamination_check
 from .errors import DemoInputError
-from .models import ModelSource, load_model_source, max_positions
+from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
 from .results import Comparison, Result
+
+
+# Collators whose rows hold several examples and need per-example position restarts.
+PACKING_COLLATORS = ("flatten", "bfd")
 
 
 def resolve_device(requested: str) -> str:
@@ -85,6 +90,12 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
     positions = max_positions(source.config)
     if positions is not None and config.max_length > positions:
         raise DemoInputError(f"max length {config.max_length} exceeds what {config.model} supports ({positions})")
+    packing = [name for name in config.collators if name in PACKING_COLLATORS]
+    if packing and not accepts_position_ids(source.config):
+        raise DemoInputError(
+            f"{source.family} models take no position_ids, so {', '.join(packing)} cannot restart positions per "
+            f"example; run them with padded or padded-grouped only"
+        )
     attention = resolve_attention(config.attention, source.config, device)
     dataset = data.load(config.dataset, source.tokenizer, config.samples, config.seed, config.max_length,
                         limits.max_upload_bytes)
@@ -107,9 +118,11 @@ def preview(config: RunConfig, limits: Limits | None = None) -> dict:
     lengths = [len(ids) for ids in first]
     batches = {}
     for name in config.collators:
+        row_lengths = None  # bfd only: the example lengths inside each packed row, for drawing the rows
         if name == "bfd":
             rows = training_dataset(examples, "bfd", config.max_length)[: config.batch_size]
             features = [{"input_ids": ids, "seq_lengths": lens} for ids, lens in zip(rows["input_ids"], rows["seq_lengths"])]
+            row_lengths = [list(lens) for lens in rows["seq_lengths"]]
         else:
             features = [{"input_ids": ids} for ids in first]
         collator = make_collator(name, prepared.source.tokenizer)
@@ -121,6 +134,7 @@ def preview(config: RunConfig, limits: Limits | None = None) -> dict:
             "position_ids": batch["position_ids"][0].tolist() if "position_ids" in batch else None,
             "labels": batch["labels"].tolist(),
             "shape": list(batch["input_ids"].shape),
+            "row_lengths": row_lengths,
         }
     padded_costs = padded_step_costs(examples, config.batch_size, config.steps)
     return {
@@ -142,6 +156,22 @@ def preview(config: RunConfig, limits: Limits | None = None) -> dict:
     }
 
 
+def _run_burst_or_explain_oom(prepared: Prepared, examples, name: str, settings: BurstSettings,
+                              progress: ProgressFn | None, stop_event: threading.Event | None) -> Result:
+    """A burst that runs out of GPU memory becomes a user message; the memory is released for the next run."""
+    try:
+        return run_burst(prepared.source, examples, name, prepared.attention, settings, progress, stop_event)
+    except torch.OutOfMemoryError:
+        pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    raise DemoInputError(
+        f"out of GPU memory while training {name!r} (batch size {settings.batch_size}, max length "
+        f"{settings.max_length}, {prepared.config.model}): try a smaller batch size or max length"
+    )
+
+
 def run_comparison(config: RunConfig, limits: Limits | None = None, progress: ProgressFn | None = None,
                    stop_event: threading.Event | None = None,
                    on_result: Callable[[Result], None] | None = None) -> Comparison:
@@ -158,7 +188,7 @@ def run_comparison(config: RunConfig, limits: Limits | None = None, progress: Pr
     for name in config.collators:
         if stop_event is not None and stop_event.is_set():
             break
-        result = run_burst(prepared.source, examples, name, prepared.attention, settings, progress, stop_event)
+        result = _run_burst_or_explain_oom(prepared, examples, name, settings, progress, stop_event)
         results.append(result)
         if on_result is not None:
             on_result(result)
