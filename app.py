@@ -1,0 +1,507 @@
+"""Packing Lab: a Gradio page over the `demo_core` engine. UI only: widgets -> engine calls -> figures and tables.
+
+Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT move it). API endpoints for
+`gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
+both taking (model, dataset, samples, collators, steps, batch_size, attention, seed).
+
+Limits come from the environment (`demo_core.Limits.from_env()`); local model and data paths typed into the page or
+the API must lie under PACKING_LAB_ALLOWED_ROOTS (default: the data dir and Gradio's upload folder); finished runs
+are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default: set before gradio is imported
+
+import gradio as gr  # noqa: E402
+from gradio.utils import get_upload_folder  # noqa: E402
+
+import demo_core  # noqa: E402
+from demo_core import plots  # noqa: E402
+from demo_core.config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig  # noqa: E402
+from demo_core.data import BUILTIN_DATASETS  # noqa: E402
+from demo_core.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
+from demo_core.models import PRESETS  # noqa: E402
+from demo_core.results import Comparison, write_json  # noqa: E402
+
+try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call; a no-op anywhere else
+    import spaces
+
+    on_gpu = spaces.GPU(duration=120)
+except ImportError:  # `spaces` is optional off Spaces
+
+    def on_gpu(fn):
+        return fn
+
+
+logger = logging.getLogger("packing_lab.app")
+
+LIMITS = Limits.from_env()
+HISTORY = RunHistory(data_dir())
+DEFAULTS = RunConfig()
+DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "packing-lab-downloads"  # Gradio serves files from the temp dir
+
+COLLATOR_CHOICES = [
+    ("padded: pad every example to the batch's longest", "padded"),
+    ("flatten: padding-free, one row, positions restart (the blog's method)", "flatten"),
+    ("naive-concat: one row, no restarts (contaminated baseline)", "naive-concat"),
+    ("bfd: TRL best-fit-decreasing packed rows, then flattened", "bfd"),
+    ("padded-grouped: padded, batches grouped by length", "padded-grouped"),
+]
+
+INTRO = """
+# Packing Lab: padding vs padding-free packing, measured
+Fine-tuning data has examples of very different lengths. The usual batch **pads** every example to the longest one;
+the padding is computed and thrown away. **Padding-free packing** (`DataCollatorWithFlattening` in transformers)
+puts the batch in one row and tells attention where each example starts (`position_ids` restart at 0,
+`cu_seqlens`), so nothing is wasted and every example still only sees itself.
+Pick a model, data and collators, then **Run**: each collator trains the same fresh model on the same examples for a
+few real optimizer steps, and the page compares speed, loss and memory.
+"""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Errors: every user mistake becomes one readable message; anything else is logged, never shown as a traceback
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _as_ui_error(error: Exception) -> gr.Error:
+    if isinstance(error, gr.Error):
+        return error
+    if isinstance(error, demo_core.DemoInputError):
+        return gr.Error(str(error), print_exception=False)
+    logger.error("unexpected error", exc_info=error)
+    return gr.Error(f"Something went wrong inside the app ({type(error).__name__}); the server log has the details.",
+                    print_exception=False)
+
+
+def user_errors(fn):
+    """Wraps a handler (plain or generator) so that its exceptions reach the page as `gr.Error`."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def generator(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as error:
+                raise _as_ui_error(error) from None
+        return generator
+
+    @functools.wraps(fn)
+    def plain(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            raise _as_ui_error(error) from None
+    return plain
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inputs: local paths only under the allowed roots; a RunConfig from the widgets or the API
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def allowed_roots() -> list[Path]:
+    raw = os.environ.get("PACKING_LAB_ALLOWED_ROOTS")
+    roots = [Path(part) for part in raw.split(os.pathsep) if part] if raw else [data_dir(), Path(get_upload_folder())]
+    return [root.expanduser().resolve() for root in roots]
+
+
+def check_local_path(value, what: str, file_suffixes: tuple[str, ...] = ()) -> None:
+    """Refuses a local path outside the allowed roots. The engine reads a value as a path when it exists (or, for
+    data, ends in .json/.jsonl), otherwise as a hub id; the same test here decides what needs checking."""
+    if not isinstance(value, str) or not value.strip():
+        return  # the engine's own validation names the empty field
+    path = Path(value.strip()).expanduser()
+    if not (path.exists() or path.suffix in file_suffixes):
+        return
+    resolved = path.resolve()  # follows symlinks, so a link inside a root cannot point outside it
+    if not any(resolved.is_relative_to(root) for root in allowed_roots()):
+        raise demo_core.DemoInputError(
+            f"{what} path {value.strip()!r} is outside the folders this app may read; upload the file instead, or "
+            f"ask the operator to add its folder to PACKING_LAB_ALLOWED_ROOTS")
+
+
+def make_config(model, dataset, samples, collators, steps, batch_size, attention, seed, max_length=DEFAULTS.max_length,
+                precision=DEFAULTS.precision, optimizer=DEFAULTS.optimizer, upload: str | None = None) -> RunConfig:
+    """The one way the page and the API build a run. An uploaded file (already inside Gradio's upload folder) replaces
+    the dataset field; everything else is validated by the engine (`RunConfig.validated`)."""
+    check_local_path(model, "model")
+    if not upload:
+        check_local_path(dataset, "dataset", (".json", ".jsonl"))
+    return RunConfig(model=model, dataset=upload or dataset, samples=samples, collators=collators, steps=steps,
+                     batch_size=batch_size, attention=attention, seed=seed, max_length=max_length, precision=precision,
+                     optimizer=optimizer)
+
+
+def config_from_document(document: dict) -> RunConfig:
+    names = {field.name for field in dataclasses.fields(RunConfig)}
+    return RunConfig(**{key: value for key, value in document["config"].items() if key in names})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tables and downloads from a run document
+# ----------------------------------------------------------------------------------------------------------------
+
+# (header, value from (result, comparison entry), display format)
+RESULT_COLUMNS = (
+    ("collator", lambda r, c: r["collator"], "{}"),
+    ("attention", lambda r, c: r["attention"], "{}"),
+    ("steps", lambda r, c: r["steps"], "{}"),
+    ("pad fraction", lambda r, c: r["pad_fraction"], "{:.1%}"),
+    ("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),
+    ("samples/s", lambda r, c: r["samples_per_s"], "{:.2f}"),
+    ("median step s", lambda r, c: r["step_time_median_s"], "{:.3f}"),
+    ("speedup vs padded", lambda r, c: c["speedup_vs_padded"], "{:.2f}×"),
+    ("ideal speedup", lambda r, c: c["ideal_speedup"], "{:.2f}×"),
+    ("max |Δloss| vs padded", lambda r, c: c["max_abs_loss_diff_vs_padded"], "{:.1e}"),
+    ("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
+    ("peak memory bytes", lambda r, c: r["peak_memory_bytes"], "{:,}"),
+    ("partial", lambda r, c: r["partial"], "{}"),
+)
+RESULT_HEADERS = [header for header, _, _ in RESULT_COLUMNS]
+CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", "naive-concat max |Δlogit| vs alone"]
+HISTORY_HEADERS = ["run id", "saved (UTC)", "model", "dataset", "samples", "collators", "steps", "batch",
+                   "attention", "best speedup", "status"]
+
+
+def result_values(document: dict) -> list[list]:
+    """One row of raw values per collator (the CSV); the table shows the same values formatted."""
+    return [[value(result, document["comparison"][result["collator"]]) for _, value, _ in RESULT_COLUMNS]
+            for result in document["results"]]
+
+
+def results_table(document: dict) -> list[list[str]]:
+    return [["–" if value is None else fmt.format(value) for value, (_, _, fmt) in zip(row, RESULT_COLUMNS)]
+            for row in result_values(document)]
+
+
+def contamination_table(document: dict) -> list[list]:
+    return [[row["example"], row["length"], f"{row['flatten_max_abs_logit_diff']:.1e}",
+             f"{row['naive_concat_max_abs_logit_diff']:.1e}"] for row in document["contamination"]]
+
+
+def write_downloads(document: dict, name: str) -> tuple[str, str]:
+    folder = DOWNLOAD_DIR / name
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = folder / f"packing-lab-{name}.json", folder / f"packing-lab-{name}.csv"
+    write_json(document, json_path)
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(RESULT_HEADERS)
+        writer.writerows(result_values(document))
+    return str(json_path), str(csv_path)
+
+
+def _best_speedup(document: dict) -> float | None:
+    speedups = [entry["speedup_vs_padded"] for name, entry in document["comparison"].items()
+                if name != "padded" and entry["speedup_vs_padded"] is not None]
+    return max(speedups) if speedups else None
+
+
+def history_table() -> list[list]:
+    rows = []
+    for entry in reversed(HISTORY.entries()):  # newest first
+        config, best = entry.document["config"], _best_speedup(entry.document)
+        rows.append([entry.run_id, entry.saved_at.replace("T", " ").replace("+00:00", ""), config["model"],
+                     Path(config["dataset"]).name, config["samples"], ", ".join(config["collators"]), config["steps"],
+                     config["batch_size"], config.get("resolved_attention", config["attention"]),
+                     "–" if best is None else f"{best:.2f}×",
+                     "stopped (partial)" if entry.document.get("partial") else "complete"])
+    return rows
+
+
+def headline(document: dict, seconds: float | None = None) -> str:
+    """One sentence per packing collator: the speedup and whether the loss stayed the same."""
+    lines = []
+    for result in document["results"]:
+        name, entry = result["collator"], document["comparison"][result["collator"]]
+        if name == "padded" or entry["speedup_vs_padded"] is None:
+            continue
+        difference = entry["max_abs_loss_diff_vs_padded"]
+        loss = ("loss identical to padded" if difference is not None and difference < 1e-4
+                else f"loss differs from padded by up to {difference:.2f}")
+        lines.append(f"**{name}**: <span class='speedup' data-collator='{name}'>{entry['speedup_vs_padded']:.2f}×"
+                     f"</span> the padded throughput (ideal {entry['ideal_speedup']:.2f}×), {loss}")
+    if not lines:
+        lines.append("Add `padded` and a packing collator to see a speedup.")
+    status = "Stopped: partial results" if document.get("partial") else "Done"
+    timing = f" in {seconds:.1f} s" if seconds is not None else ""
+    return f"### {status}{timing}\n" + "\n".join(f"- {line}" for line in lines)
+
+
+def cost_markdown(preview: dict) -> str:
+    cost, config = preview["cost"], preview["config"]
+    notes = "".join(f"\n\n*Note: {note}*" for note in preview["dataset_stats"].get("notes", []))
+    return f"""**Before training** (from the data alone)
+
+| | |
+|---|---|
+| slots that are padding, over the {config['steps']} steps | **{cost['pad_fraction']:.0%}** |
+| ideal speedup of packing (padded slots ÷ real tokens) | **{cost['ideal_speedup']:.2f}×** |
+| attention scores, first batch: varlen Σsᵢ² | {cost['attention_scores_varlen']:,} |
+| · padded B·L² | {cost['attention_scores_padded']:,} |
+| · dense packed mask (Σsᵢ)² | {cost['attention_scores_dense_packed']:,} |
+| optimizer steps per collator | {cost['optimizer_steps']} |
+| attention path, device | {preview['attention']}, {preview['device']} |{notes}"""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Handlers
+# ----------------------------------------------------------------------------------------------------------------
+
+def _preview_views(config: RunConfig) -> tuple:
+    preview = demo_core.preview(config, limits=LIMITS)
+    return plots.batch_figure(preview), plots.lengths_figure(preview), cost_markdown(preview)
+
+
+@user_errors
+def show_preview(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
+                 max_length):
+    return _preview_views(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
+                                      max_length, precision, optimizer, upload=upload))
+
+
+def _result_views(document: dict, name: str) -> tuple:
+    """(throughput, loss, memory, results table, contamination table, JSON file, CSV file) of a finished run."""
+    return (plots.throughput_figure(document), plots.loss_figure(document), plots.memory_figure(document),
+            results_table(document), contamination_table(document), *write_downloads(document, name))
+
+
+# A Stop click finds the run of its own browser session here.
+_STOP_EVENTS: dict[str, threading.Event] = {}
+
+
+@on_gpu
+@user_errors
+def run_page(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
+             max_length, request: gr.Request, progress=gr.Progress()):
+    """Trains in a worker thread and yields the views after each collator; the last yield adds the history row."""
+    config = make_config(model, dataset, samples, collators, steps, batch_size, attention, seed, max_length,
+                         precision, optimizer, upload=upload)
+    preview = demo_core.preview(config, limits=LIMITS)  # validates fast, and gives the ideal for partial views
+    steps, collator_count = preview["config"]["steps"], len(preview["config"]["collators"])
+    total_steps = collator_count * steps
+    stop_event = threading.Event()
+    _STOP_EVENTS[request.session_hash] = stop_event
+    updates: queue.Queue = queue.Queue()
+
+    def work():
+        try:
+            comparison = demo_core.run_comparison(
+                config, limits=LIMITS, stop_event=stop_event,
+                progress=lambda name, step, steps: updates.put(("step", name, step)),
+                on_result=lambda result: updates.put(("result", result)))
+            updates.put(("done", comparison))
+        except BaseException as error:  # handed to the handler thread, which reports it
+            updates.put(("error", error))
+
+    started = time.perf_counter()
+    worker = threading.Thread(target=work, name="packing-lab-run", daemon=True)
+    worker.start()
+    results, finished = [], 0
+    try:
+        progress((0, total_steps), desc="building the model and the first batch")
+        while True:
+            kind, *payload = updates.get()
+            if kind == "step":
+                name, step = payload
+                progress((finished * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
+            elif kind == "result":
+                results.append(payload[0])
+                finished += 1
+                progress((finished * steps, total_steps),
+                         desc="contamination check" if finished == collator_count else "next collator")
+                partial = Comparison(preview["config"], preview["dataset_stats"], results,
+                                     preview["cost"]["ideal_speedup"], [], {}, partial=True).to_dict()
+                yield (f"Running: {finished} of {collator_count} collators done…",
+                       plots.throughput_figure(partial), plots.loss_figure(partial), plots.memory_figure(partial),
+                       results_table(partial), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            elif kind == "error":
+                raise payload[0]
+            else:
+                document = payload[0].to_dict()
+                break
+    finally:
+        stop_event.set()  # the page closed or errored mid-run: let the worker stop at its next step
+        worker.join()  # one training job at a time: the queue slot frees only when the worker is done
+        _STOP_EVENTS.pop(request.session_hash, None)
+    entry = HISTORY.append(document)
+    yield (headline(document, time.perf_counter() - started), *_result_views(document, entry.run_id),
+           history_table())
+
+
+def request_stop(request: gr.Request) -> str:
+    event = _STOP_EVENTS.get(request.session_hash)
+    if event is None:
+        return "Nothing is running in this tab."
+    event.set()
+    return "Stopping after the current step…"
+
+
+@user_errors
+def show_history_run(selection: gr.SelectData):
+    """Redraws a run picked in the history table: its results and, when its data is still readable, its batch."""
+    entry: HistoryEntry | None = HISTORY.get(str(selection.row_value[0]))
+    if entry is None:
+        raise demo_core.DemoInputError("that run is no longer in the history file")
+    document = entry.document
+    try:
+        batch, lengths, cost = _preview_views(config_from_document(document))
+    except demo_core.DemoInputError as error:  # e.g. an uploaded file Gradio has since cleaned up
+        batch, lengths, cost = None, None, f"*The batch picture cannot be redrawn: {error}*"
+    return (f"*History run {entry.run_id} ({entry.saved_at})*\n\n" + headline(document), batch, lengths, cost,
+            *_result_views(document, entry.run_id))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# API endpoints (gradio_client): the signature is the API, so names and defaults are the documented ones
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@on_gpu
+@user_errors
+def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
+            collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
+            batch_size: int = DEFAULTS.batch_size, attention: str = DEFAULTS.attention,
+            seed: int = DEFAULTS.seed) -> dict:
+    """Trains a short burst per collator and returns the engine's JSON document (config, dataset_stats, results,
+    comparison, contamination, environment). `collators` is a comma list, e.g. "padded,flatten"."""
+    config = make_config(model, dataset, samples, collators, steps, batch_size, attention, seed)
+    document = demo_core.run_comparison(config, limits=LIMITS).to_dict()
+    HISTORY.append(document)
+    return document
+
+
+@user_errors
+def preview(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
+            collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
+            batch_size: int = DEFAULTS.batch_size, attention: str = DEFAULTS.attention,
+            seed: int = DEFAULTS.seed) -> dict:
+    """The numbers before any training: length statistics, the first batch under each collator (lengths,
+    cu_seqlens, position_ids, labels, shape, pad_fraction) and the cost preview (`cost`)."""
+    return demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed),
+                             limits=LIMITS)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The page
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_demo() -> gr.Blocks:
+    with gr.Blocks(title="Packing Lab") as demo:
+        gr.Markdown(INTRO)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=320):
+                model = gr.Dropdown(list(PRESETS), value=DEFAULTS.model, allow_custom_value=True, label="Model",
+                                    info="a tiny random-init preset (trains on a CPU), or a hub id / local folder")
+                dataset = gr.Dropdown(list(BUILTIN_DATASETS), value=DEFAULTS.dataset, allow_custom_value=True,
+                                      label="Dataset", info="a built-in length profile, or a hub dataset id")
+                upload = gr.File(label="…or upload a .json / .jsonl file (replaces the dataset above)",
+                                 file_types=[".json", ".jsonl"], type="filepath", height=120)
+                samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
+                                    info="examples drawn from the dataset")
+                collators = gr.CheckboxGroup(COLLATOR_CHOICES, value=list(DEFAULTS.collators),
+                                             label="Collators to compare", elem_id="collators")
+                steps = gr.Slider(1, LIMITS.max_steps, value=DEFAULTS.steps, step=1, label="Steps per collator",
+                                  info="step 1 is warm-up and not timed")
+                batch_size = gr.Slider(1, LIMITS.max_batch_size, value=DEFAULTS.batch_size, step=1,
+                                       label="Batch size", info="examples per step (bfd: packed rows)")
+                with gr.Accordion("More settings", open=False):
+                    attention = gr.Dropdown(list(ATTENTION_NAMES), value=DEFAULTS.attention, label="Attention",
+                                            info="auto: varlen (our per-example kernel) or flash-attn 2 on a GPU")
+                    precision = gr.Dropdown(list(PRECISION_NAMES), value=DEFAULTS.precision, label="Precision",
+                                            info="auto: bf16 on a GPU that has it, else fp32")
+                    optimizer = gr.Dropdown(list(OPTIMIZER_NAMES), value=DEFAULTS.optimizer, label="Optimizer")
+                    seed = gr.Number(DEFAULTS.seed, precision=0, label="Seed", minimum=0)
+                    max_length = gr.Slider(2, LIMITS.max_length, value=DEFAULTS.max_length, step=1,
+                                           label="Max length", info="longer examples are truncated")
+                with gr.Row():
+                    run_button = gr.Button("Run", variant="primary", elem_id="run")
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop")
+                status = gr.Markdown("Press **Run** to train.", elem_id="status", min_height=60)
+            with gr.Column(scale=3):
+                summary = gr.Markdown(elem_id="headline")
+                gr.Markdown("## 1 · The batch, before any training")
+                batch_plot = gr.Plot(label="First batch under each collator, and the attention each path computes",
+                                     elem_id="batch-plot")
+                with gr.Row():
+                    lengths_plot = gr.Plot(label="Example lengths", elem_id="lengths-plot")
+                    cost = gr.Markdown(elem_id="cost")
+                gr.Markdown("## 2 · Training results (same examples, same order, same initial weights)")
+                with gr.Row():
+                    throughput_plot = gr.Plot(label="Throughput", elem_id="throughput-plot")
+                    loss_plot = gr.Plot(label="Loss", elem_id="loss-plot")
+                    memory_plot = gr.Plot(label="Memory", elem_id="memory-plot")
+                results = gr.Dataframe(headers=RESULT_HEADERS, label="Results per collator", interactive=False,
+                                       wrap=True, elem_id="results")
+                contamination = gr.Dataframe(
+                    headers=CONTAMINATION_HEADERS, interactive=False, elem_id="contamination",
+                    label="Contamination check: logits of each example in the packed row vs the example alone "
+                          "(≈1e-6 is float rounding; naive concat moves them by O(1))")
+                with gr.Row():
+                    json_file = gr.File(label="Run as JSON", interactive=False)
+                    csv_file = gr.File(label="Results as CSV", interactive=False)
+                gr.Markdown("## 3 · History (click a row to redraw that run)")
+                history = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history",
+                                       max_height=320)
+
+        page_inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision,
+                       optimizer, seed, max_length]
+        preview_outputs = [batch_plot, lengths_plot, cost]
+        result_outputs = [throughput_plot, loss_plot, memory_plot, results, contamination, json_file, csv_file]
+        # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
+        preview_options = dict(fn=show_preview, inputs=page_inputs, outputs=preview_outputs, api_visibility="private",
+                               concurrency_id="preview", concurrency_limit=4, trigger_mode="always_last",
+                               show_progress="minimal")
+        demo.load(**preview_options)
+        demo.load(history_table, outputs=history, api_visibility="private")  # read at every page load: survives restarts
+        for widget in (model, dataset, upload, collators, attention, seed):
+            widget.change(**preview_options)
+        for widget in (samples, steps, batch_size, max_length):
+            widget.release(**preview_options)
+        run_button.click(**preview_options).success(
+            run_page, inputs=page_inputs, outputs=[summary, *result_outputs, history], api_visibility="private",
+            concurrency_id="training", show_progress_on=[status])
+        stop_button.click(request_stop, outputs=status, api_visibility="private", concurrency_limit=None,
+                          concurrency_id="stop")
+        history.select(show_history_run, outputs=[summary, *preview_outputs, *result_outputs],
+                       api_visibility="private", concurrency_id="preview")
+        gr.api(compare, api_name="compare", concurrency_id="training")
+        gr.api(preview, api_name="preview", concurrency_id="preview", concurrency_limit=4)
+    # One training job at a time: every training event shares the "training" group under this default limit.
+    demo.queue(default_concurrency_limit=1)
+    return demo
+
+
+demo = build_demo()
+
+# Page fonts from the system, not Google Fonts: the page must load without internet.
+THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                       font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
+
+
+def launch(**overrides):
+    """Starts the server on the offline defaults; tests pass `prevent_thread_lock=True` and a free port."""
+    port = os.environ.get("GRADIO_SERVER_PORT")
+    options = dict(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   server_port=int(port) if port else None, share=False, show_error=False,
+                   max_file_size=LIMITS.max_upload_bytes, theme=THEME)
+    return demo.launch(**{**options, **overrides})
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    launch()
