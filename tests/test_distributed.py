@@ -1,0 +1,101 @@
+"""DDP on CPU: two gloo processes under torchrun train on the single-process global batch and get its losses.
+
+Each launch runs in its own process session with a timeout, so a hung rank fails the test instead of stalling CI,
+and torchrun's per-rank logs (`--log-dir --redirects 3`) show what each rank printed on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from demo_core import DemoInputError, RunConfig, run_comparison
+from demo_core import distributed
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = ["--model", "tiny-llama", "--samples", "32", "--collators", "padded,flatten", "--steps", "3", "--device", "cpu",
+       "--precision", "fp32", "--seed", "0"]
+
+
+def torchrun(args: list[str], log_dir: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--log-dir", str(log_dir), "--redirects", "3", "-m", "demo_core", "compare", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # a test session inside a launcher must not leak its own group into this one
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and every rank it started
+        process.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout_s:.0f} s: a rank hung")
+    return subprocess.CompletedProcess(command, process.returncode, output)
+
+
+def rank_logs(log_dir: Path, stream: str) -> list[str]:
+    """What each rank wrote to `stream`, in rank order (torchrun: <log_dir>/<run>/attempt_0/<rank>/<stream>.log)."""
+    paths = sorted(log_dir.glob(f"*/attempt_0/*/{stream}.log"), key=lambda path: int(path.parent.name))
+    assert len(paths) == 2, paths
+    return [path.read_text() for path in paths]
+
+
+@pytest.fixture(scope="module")
+def single_process() -> dict:
+    config = RunConfig(model="tiny-llama", samples=32, collators=("padded", "flatten"), steps=3, batch_size=4,
+                       device="cpu", precision="fp32", seed=0)
+    return run_comparison(config).to_dict()
+
+
+def test_two_gloo_ranks_match_the_single_process_run(tmp_path, single_process):
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = torchrun([*RUN, "--batch-size", "4", "--json", str(out / "result.json")], tmp_path / "logs", 240)
+    assert launch.returncode == 0, launch.stdout[-3000:]
+    assert [path.name for path in out.iterdir()] == ["result.json"]  # rank 0 alone writes
+    document = json.loads((out / "result.json").read_text())
+    assert document["environment"]["world_size"] == 2
+
+    single = {result["collator"]: result for result in single_process["results"]}
+    for result in document["results"]:
+        reference = single[result["collator"]]
+        assert result["world_size"] == 2
+        assert len(result["losses"]) == 3
+        # The group's step loss is the single-process loss of the same global batch.
+        assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < 1e-4
+        # The two ranks' shares of a step are together exactly the single-process step's examples...
+        assert result["step_real_tokens"] == reference["step_real_tokens"]
+        assert result["step_examples"] == reference["step_examples"] == [4, 4, 4]
+        # ...and distinct: each rank trained on real tokens of its own, and the shares add up.
+        shares = result["rank_step_real_tokens"]
+        assert len(shares) == 2 and all(sum(share) > 0 for share in shares)
+        assert [a + b for a, b in zip(*shares)] == result["step_real_tokens"]
+        assert len(result["rank_peak_memory_bytes"]) == 2
+        assert sum(result["tokens_per_s_per_device"]) == pytest.approx(result["tokens_per_s"])
+
+    table, quiet = rank_logs(tmp_path / "logs", "stdout")
+    assert "2 processes (DDP)" in table and "padded" in table
+    assert quiet == ""
+
+
+def test_bad_argument_fails_on_every_rank_alike(tmp_path):
+    launch = torchrun([*RUN, "--batch-size", "3"], tmp_path / "logs", 120)
+    assert launch.returncode != 0
+    assert "exitcode  : 2" in launch.stdout  # torchrun's summary names the rank that failed first
+    errors = rank_logs(tmp_path / "logs", "stderr")
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("error: batch size 3 is the global batch") and errors[0].count("\n") == 1
+
+
+def test_batch_size_is_the_global_batch(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert distributed.per_device_batch_size(8) == 2
+    with pytest.raises(DemoInputError, match="divide evenly over the 4 processes"):
+        distributed.per_device_batch_size(6)
