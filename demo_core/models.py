@@ -8,6 +8,7 @@ Real checkpoints load through the Auto classes, never with `trust_remote_code`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from pathlib import Path
@@ -147,7 +148,10 @@ def _preset_source(preset: Preset) -> ModelSource:
     config = preset.config()
 
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
-        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+        # from_config keeps the config object and sets its attention on it: without a copy, building a second model
+        # with another attention would switch the first one too.
+        return AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation,
+                                                dtype=dtype)
 
     return ModelSource(preset.name, config, byte_tokenizer(), True, build)
 
