@@ -2,109 +2,149 @@
 
 transformers' built-in packed path on sdpa/eager builds a dense (T, T) block-diagonal mask over the whole packed
 row, so it pays (Σ sᵢ)² for attention and can end up slower than padding. `varlen_attention` pays Σ sᵢ²: it finds
-the segments (from the collator's `cu_seq_lens_q`, else from `position_ids` restarts, else from a right- or
-left-padded 2-D mask) and attends within each one:
-- CUDA, half precision, PyTorch with `torch.nn.attention.varlen.varlen_attn`: one FlashAttention varlen call over
-  the real tokens (no flash-attn build needed).
+the segments (from the collator's `cu_seq_lens_q`, else from `position_ids` restarts, plus a right- or left-padded
+2-D mask) and attends within each one:
+- CUDA in half precision (bf16/fp16 tensors, or fp32 tensors under a bf16/fp16 autocast) with PyTorch's
+  `torch.nn.attention.varlen.varlen_attn`: one FlashAttention varlen call over the real tokens, no flash-attn build.
 - elsewhere: SDPA with `is_causal=True` over buckets of similar-length segments, each right-padded to the bucket's
   longest. Causality makes that padding harmless: a real query at position i only sees keys 0..i, which are real.
   Buckets keep the Python overhead to a few SDPA calls per layer instead of one per example.
-It is registered with transformers' `AttentionInterface` under the name "varlen".
+It is registered with transformers' `AttentionInterface` under the name "varlen", and with its
+`AttentionMaskInterface` so that a padded batch's 2-D mask reaches it (transformers drops the mask for attention
+names it has no mask function for, which would silently attend to left padding).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.utils import is_flash_attn_2_available
 
 from .errors import DemoInputError
 
+try:  # the FlashAttention varlen kernel inside PyTorch (CUDA only); absent from older PyTorch builds
+    from torch.nn.attention.varlen import varlen_attn as _torch_varlen_attn
+except ImportError:
+    _torch_varlen_attn = None
+
 VARLEN = "varlen"
-# A bucket takes a segment when padding it to the bucket's longest costs little: within 25% or 16 tokens.
+# A bucket takes every segment within 25% or 16 tokens of its longest: padding a bucket then costs at most
+# 1.25² ≈ 1.6x its attention FLOPs, while FLAN-like lengths (24..1024 tokens) need ~15 SDPA calls per layer.
+# Measured on 2 CPU cores (tiny-llama, flan-like): attention is ~15% of a step, gathers ~7%; see docs/RESULTS.md.
 _BUCKET_SLACK_RATIO = 1.25
 _BUCKET_SLACK_TOKENS = 16
+
+
+@dataclasses.dataclass
+class Bucket:
+    """Segments of similar length attended in one SDPA call, each right-padded to `gather_index.shape[1]`."""
+
+    gather_index: torch.Tensor  # (n, L) token-axis positions; padding entries repeat the segment's last token
+    keep_index: torch.Tensor  # positions in the flattened (n * L) bucket output that are real tokens
 
 
 @dataclasses.dataclass
 class Segments:
     """Where each attended segment lies in the flattened (batch * seq) token axis."""
 
-    starts: list[int]
     lengths: list[int]
-    # Per bucket: gather index (n, L) into the token axis, and which of those entries are real tokens.
-    buckets: list[tuple[torch.Tensor, torch.Tensor]]
+    buckets: list[Bucket]
     real_index: torch.Tensor  # all real token positions, segment by segment
+    bucket_destination: torch.Tensor  # token-axis position of each kept bucket output, buckets concatenated
     cu_seqlens: torch.Tensor  # int32 (n_segments + 1,) over `real_index`
+    all_real: bool  # no padding anywhere: gathers and scatters over the whole token axis can be skipped
 
     @property
     def max_length(self) -> int:
         return max(self.lengths)
 
 
-def _contiguous_run(row: torch.Tensor, row_index: int) -> tuple[int, int]:
-    """(first, count) of a mask row's ones; refuses holes, which no segment list can express."""
-    ones = torch.nonzero(row, as_tuple=False).flatten()
-    if ones.numel() == 0:
-        return 0, 0
-    first, count = int(ones[0]), int(ones.numel())
-    if int(ones[-1]) - first + 1 != count:
+def _segment_start_flags(batch: int, seq_len: int, attention_mask, position_ids, cu_seq_lens) -> tuple:
+    """(real, starts): (batch, seq) bools on CPU, which slots hold real tokens and which begin a segment."""
+    starts = torch.zeros(batch, seq_len, dtype=torch.bool)
+    starts[:, 0] = True
+    if cu_seq_lens is not None and batch == 1:
+        bounds = cu_seq_lens.detach().cpu().long()
+        if int(bounds[-1]) != seq_len:
+            raise DemoInputError(f"cu_seq_lens ends at {int(bounds[-1])} but the packed row has {seq_len} tokens")
+        starts[0, bounds[:-1][bounds[:-1] < seq_len]] = True  # an empty last segment starts nowhere
+    elif position_ids is not None:
+        # transformers' own packing rule: a new sequence starts wherever the position does not continue by one.
+        positions = position_ids.detach().expand(batch, seq_len).cpu()
+        starts[:, 1:] |= positions[:, 1:] != positions[:, :-1] + 1
+    if attention_mask is None:
+        return torch.ones(batch, seq_len, dtype=torch.bool), starts
+    real = attention_mask.detach().cpu().bool()
+    run_starts = real.clone()
+    run_starts[:, 1:] &= ~real[:, :-1]
+    rows_with_holes = torch.nonzero(run_starts.sum(dim=1) > 1).flatten()
+    if rows_with_holes.numel():
         raise DemoInputError(
-            f"varlen attention got an attention mask with holes in row {row_index}: it only honours padding at "
-            f"the start or end of a row; use --attention sdpa for arbitrary masks"
+            f"varlen attention got an attention mask with holes in row {int(rows_with_holes[0])}: it only honours "
+            f"padding at the start or end of a row; use --attention sdpa for arbitrary masks"
         )
-    return first, count
+    return real, (starts | run_starts) & real
+
+
+def _buckets(starts: list[int], lengths: list[int]) -> list[Bucket]:
+    """Greedy over lengths sorted longest first: each bucket takes the next run within the slack of its longest."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets, first = [], 0
+    while first < len(order):
+        longest = lengths[order[first]]
+        shortest_allowed = min(longest / _BUCKET_SLACK_RATIO, longest - _BUCKET_SLACK_TOKENS)
+        last = first
+        while last < len(order) and lengths[order[last]] >= shortest_allowed:
+            last += 1
+        bucket_starts = torch.tensor([starts[i] for i in order[first:last]])
+        bucket_lengths = torch.tensor([lengths[i] for i in order[first:last]])
+        offsets = torch.arange(longest)
+        real = offsets[None, :] < bucket_lengths[:, None]
+        # Padding entries repeat the segment's last token: any valid index works, causality hides them.
+        gather_index = bucket_starts[:, None] + torch.minimum(offsets[None, :], bucket_lengths[:, None] - 1)
+        buckets.append(Bucket(gather_index, torch.nonzero(real.flatten()).flatten()))
+        first = last
+    return buckets
 
 
 def find_segments(batch: int, seq_len: int, device: torch.device, attention_mask=None, position_ids=None,
                   cu_seq_lens=None) -> Segments:
-    starts: list[int] = []
-    lengths: list[int] = []
-    if cu_seq_lens is not None and batch == 1:
-        bounds = cu_seq_lens.tolist()
-        starts, lengths = bounds[:-1], [end - start for start, end in zip(bounds[:-1], bounds[1:])]
-    else:
-        restarts = None
-        if position_ids is not None:
-            restarts = (position_ids.expand(batch, seq_len) == 0).cpu()
-        for row in range(batch):
-            first, count = (0, seq_len) if attention_mask is None else _contiguous_run(attention_mask[row], row)
-            cuts = [first]
-            if restarts is not None:
-                cuts += [int(t) for t in torch.nonzero(restarts[row, first + 1:first + count]).flatten() + first + 1]
-            cuts.append(first + count)
-            for start, end in zip(cuts[:-1], cuts[1:]):
-                if end > start:
-                    starts.append(row * seq_len + start)
-                    lengths.append(end - start)
-    if not lengths:
+    """Segments from, in order of trust: `cu_seq_lens` (one packed row), `position_ids` restarts, the 2-D mask."""
+    real, starts = _segment_start_flags(batch, seq_len, attention_mask, position_ids, cu_seq_lens)
+    real_index = torch.nonzero(real.flatten()).flatten()
+    if real_index.numel() == 0:
         raise DemoInputError("varlen attention got a batch without any real token")
-    buckets = []
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    while order:
-        longest = lengths[order[0]]
-        members = [i for i in order if lengths[i] * _BUCKET_SLACK_RATIO >= longest
-                   or longest - lengths[i] <= _BUCKET_SLACK_TOKENS]
-        order = [i for i in order if i not in set(members)]
-        bucket_starts = torch.tensor([starts[i] for i in members])
-        bucket_lengths = torch.tensor([lengths[i] for i in members])
-        offsets = torch.arange(longest)
-        real = offsets[None, :] < bucket_lengths[:, None]
-        # Padding entries repeat the segment's last token: any valid index works, causality hides them.
-        index = bucket_starts[:, None] + torch.minimum(offsets[None, :], bucket_lengths[:, None] - 1)
-        buckets.append((index.to(device), real.to(device)))
-    real_index = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(device)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    return Segments(starts, lengths, buckets, real_index, cu.to(device))
+    # Every segment is a contiguous run of real slots (a padding gap always ends one), so segment k spans
+    # real_index[first_k : first_k + length_k].
+    first_in_real = torch.nonzero(starts.flatten()[real_index]).flatten()
+    lengths = torch.diff(first_in_real, append=torch.tensor([real_index.numel()]))
+    starts_list, lengths_list = real_index[first_in_real].tolist(), lengths.tolist()
+    buckets = _buckets(starts_list, lengths_list)
+    bucket_destination = torch.cat([b.gather_index.flatten()[b.keep_index] for b in buckets])
+    cu_seqlens = torch.zeros(len(lengths_list) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = torch.cumsum(lengths, 0)
+    return Segments(
+        lengths=lengths_list,
+        buckets=[Bucket(b.gather_index.to(device), b.keep_index.to(device)) for b in buckets],
+        real_index=real_index.to(device),
+        bucket_destination=bucket_destination.to(device),
+        cu_seqlens=cu_seqlens.to(device),
+        all_real=real_index.numel() == batch * seq_len,
+    )
 
 
-class _SegmentCache:
-    """Every layer of one forward gets the same kwargs tensors: find the segments once per forward, not per layer."""
+class _SegmentCache(threading.local):
+    """Every layer of one forward gets the same kwargs tensors: find the segments once per forward, not per layer.
+
+    Keyed on tensor identity (the cache holds the tensors, so an id cannot be reused while cached); thread-local
+    because the app may run two bursts at once.
+    """
 
     def __init__(self):
         self.key: tuple | None = None
@@ -121,18 +161,61 @@ class _SegmentCache:
 _cache = _SegmentCache()
 
 
-def _has_torch_varlen() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _flash_dtype(query: torch.Tensor, dropout_p: float) -> torch.dtype | None:
+    """The half dtype PyTorch's varlen kernel should run in here, or None when it cannot run."""
+    if _torch_varlen_attn is None or not query.is_cuda or dropout_p > 0.0:
+        return None
+    if query.dtype in (torch.float16, torch.bfloat16):
+        return query.dtype
+    # Trainer's bf16/fp16 keeps fp32 weights under autocast, and RoPE promotes q/k back to fp32: cast as
+    # transformers' own flash path does, or the kernel would never run in a mixed-precision burst.
+    if torch.is_autocast_enabled(query.device.type):
+        return torch.get_autocast_dtype(query.device.type)
+    return None
+
+
+def _flash_varlen(q_tokens, k_tokens, v_tokens, segments: Segments, scaling, dtype: torch.dtype) -> torch.Tensor:
+    """PyTorch's FlashAttention varlen kernel over the real tokens; (B*T, Hq, D) out, zeros on padding."""
+    if segments.all_real:
+        q_real, k_real, v_real = q_tokens, k_tokens, v_tokens
+    else:
+        index = segments.real_index
+        q_real, k_real, v_real = q_tokens[index], k_tokens[index], v_tokens[index]
+    out_real = _torch_varlen_attn(
+        q_real.to(dtype), k_real.to(dtype), v_real.to(dtype), segments.cu_seqlens, segments.cu_seqlens,
+        segments.max_length, segments.max_length, scale=scaling, window_size=(-1, 0),
+        enable_gqa=q_tokens.shape[1] != k_tokens.shape[1],
+    )
+    if segments.all_real:
+        return out_real
+    return out_real.new_zeros(q_tokens.shape).index_copy(0, segments.real_index, out_real)
+
+
+def _bucketed_sdpa(q_tokens, k_tokens, v_tokens, segments: Segments, scaling, dropout_p: float) -> torch.Tensor:
+    """Causal SDPA per bucket of similar-length segments; (B*T, Hq, D) out, zeros on padding."""
+    gqa = q_tokens.shape[1] != k_tokens.shape[1]
+    outputs = []
+    for bucket in segments.buckets:
+        index = bucket.gather_index
+        # (n, L, H, D) -> (n, H, L, D) for SDPA
+        out = F.scaled_dot_product_attention(
+            q_tokens[index].transpose(1, 2), k_tokens[index].transpose(1, 2), v_tokens[index].transpose(1, 2),
+            is_causal=True, scale=scaling, dropout_p=dropout_p, enable_gqa=gqa,
+        )
+        n, heads, length, head_dim = out.shape
+        outputs.append(out.transpose(1, 2).reshape(n * length, heads, head_dim).index_select(0, bucket.keep_index))
+    kept = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    if segments.all_real:  # every slot is written exactly once: no need to zero the output first
+        return torch.empty_like(kept).index_copy(0, segments.bucket_destination, kept)
+    return kept.new_zeros(q_tokens.shape).index_copy(0, segments.bucket_destination, kept)
 
 
 def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers attention function: q (B, Hq, T, D), k/v (B, Hkv, T, D) -> ((B, T, Hq, D), None)."""
     if kwargs.get("softcap") is not None:
         raise DemoInputError("varlen attention does not implement logit soft-capping (Gemma 2); use eager")
+    if not getattr(module, "is_causal", True):
+        raise DemoInputError("varlen attention is causal only; this layer attends bidirectionally")
     if attention_mask is not None and attention_mask.dim() != 2:
         raise DemoInputError("varlen attention takes a 2-D padding mask or none; got a prepared 4-D mask")
     batch, q_heads, seq_len, head_dim = query.shape
@@ -148,32 +231,17 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
     k_tokens = key.transpose(1, 2).reshape(batch * seq_len, kv_heads, head_dim)
     v_tokens = value.transpose(1, 2).reshape(batch * seq_len, kv_heads, head_dim)
     dropout_p = dropout if module.training else 0.0
-    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0 and _has_torch_varlen():
-        from torch.nn.attention.varlen import varlen_attn
-
-        index = segments.real_index
-        out_real = varlen_attn(
-            q_tokens[index], k_tokens[index], v_tokens[index], segments.cu_seqlens, segments.cu_seqlens,
-            segments.max_length, segments.max_length, scale=scaling, window_size=(-1, 0),
-            enable_gqa=q_heads != kv_heads,
-        )
-        out_tokens = q_tokens.new_zeros(q_tokens.shape).index_copy(0, index, out_real)
+    flash_dtype = _flash_dtype(query, dropout_p)
+    if flash_dtype is not None:
+        out_tokens = _flash_varlen(q_tokens, k_tokens, v_tokens, segments, scaling, flash_dtype)
     else:
-        outputs, destinations = [], []
-        for index, real in segments.buckets:
-            # (n, L, H, D) -> (n, H, L, D) for SDPA
-            q_bucket = q_tokens[index].transpose(1, 2)
-            k_bucket = k_tokens[index].transpose(1, 2)
-            v_bucket = v_tokens[index].transpose(1, 2)
-            out = F.scaled_dot_product_attention(q_bucket, k_bucket, v_bucket, is_causal=True, scale=scaling,
-                                                 dropout_p=dropout_p, enable_gqa=q_heads != kv_heads)
-            outputs.append(out.transpose(1, 2)[real])
-            destinations.append(index[real])
-        out_tokens = q_tokens.new_zeros(q_tokens.shape).index_copy(0, torch.cat(destinations), torch.cat(outputs))
+        out_tokens = _bucketed_sdpa(q_tokens, k_tokens, v_tokens, segments, scaling, dropout_p)
     return out_tokens.view(batch, seq_len, q_heads, head_dim), None
 
 
 AttentionInterface.register(VARLEN, varlen_attention)
+# The flash mask function hands the 2-D padding mask through untouched (None when nothing is padded).
+AttentionMaskInterface.register(VARLEN, flash_attention_mask)
 
 
 # ---- capability table and backend choice ------------------------------------------------------------------------
@@ -201,7 +269,7 @@ def capability(config: PretrainedConfig, attention: str, device: str) -> tuple[b
             return False, f"{family} does not route attention through transformers' AttentionInterface"
         if getattr(config, "attn_logit_softcapping", None):
             return False, f"{family} uses attention logit soft-capping, which varlen does not implement"
-        if device == "cuda" and _has_torch_varlen():
+        if device == "cuda" and _torch_varlen_attn is not None:
             return True, "Σs² cost: torch varlen_attn (FlashAttention kernel) in bf16/fp16, per-segment SDPA in fp32"
         return True, "Σs² cost: SDPA per bucket of similar-length segments"
     if attention == "flash_attention_2":
