@@ -10,7 +10,7 @@ import sys
 
 from . import distributed
 from .attention import capability_table
-from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, DEVICE_NAMES, RunConfig
+from .config import ATTENTION_NAMES, COLLATOR_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, DEVICE_NAMES, RunConfig
 from .engine import run_comparison
 from .errors import DemoInputError
 from .models import PRESETS
@@ -31,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--dataset", default=defaults.dataset, help="flan-like, orcamath-like, a .json/.jsonl file "
                          "or a hub dataset id")
     compare.add_argument("--samples", default=defaults.samples, help="examples to sample from the dataset")
-    compare.add_argument("--collators", default=",".join(defaults.collators), help="comma list of: padded, "
-                         "flatten, naive-concat, bfd, padded-grouped")
+    compare.add_argument("--collators", default=",".join(defaults.collators),
+                         help=f"comma list of: {', '.join(COLLATOR_NAMES)}")
     compare.add_argument("--steps", default=defaults.steps, help="optimizer steps per collator (step 1 is warm-up)")
     compare.add_argument("--batch-size", default=defaults.batch_size, help="examples per step (bfd: packed rows)")
     compare.add_argument("--attention", default=defaults.attention, choices=ATTENTION_NAMES)

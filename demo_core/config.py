@@ -12,7 +12,7 @@ import os
 
 from .errors import DemoInputError
 
-COLLATOR_NAMES = ("padded", "flatten", "naive-concat", "bfd", "padded-grouped")
+COLLATOR_NAMES = ("padded", "flatten", "naive-concat", "bfd", "padded-grouped", "trl-padding-free", "trl-bfd")
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")

@@ -24,10 +24,11 @@ from .contamination import contamination_check
 from .errors import DemoInputError
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
 from .results import Comparison, Result
+from .trl_path import SAME_BATCHES_AS, TRL_COLLATORS, run_trl_burst
 
 
 # Collators whose rows hold several examples and need per-example position restarts.
-PACKING_COLLATORS = ("flatten", "bfd")
+PACKING_COLLATORS = ("flatten", "bfd", "trl-padding-free", "trl-bfd")
 
 
 def resolve_device(requested: str) -> str:
@@ -119,13 +120,14 @@ def preview(config: RunConfig, limits: Limits | None = None) -> dict:
     batches = {}
     for name in config.collators:
         row_lengths = None  # bfd only: the example lengths inside each packed row, for drawing the rows
-        if name == "bfd":
+        builder = SAME_BATCHES_AS.get(name, name)
+        if builder == "bfd":
             rows = training_dataset(examples, "bfd", config.max_length)[: config.batch_size]
             features = [{"input_ids": ids, "seq_lengths": lens} for ids, lens in zip(rows["input_ids"], rows["seq_lengths"])]
             row_lengths = [list(lens) for lens in rows["seq_lengths"]]
         else:
             features = [{"input_ids": ids} for ids in first]
-        collator = make_collator(name, prepared.source.tokenizer)
+        collator = make_collator(builder, prepared.source.tokenizer)
         batch = collator(features)
         stats = collator.pending_stats.popleft()
         batches[name] = {
@@ -160,7 +162,8 @@ def _run_burst_or_explain_oom(prepared: Prepared, examples, name: str, settings:
                               progress: ProgressFn | None, stop_event: threading.Event | None) -> Result:
     """A burst that runs out of GPU memory becomes a user message; the memory is released for the next run."""
     try:
-        return run_burst(prepared.source, examples, name, prepared.attention, settings, progress, stop_event)
+        burst = run_trl_burst if name in TRL_COLLATORS else run_burst
+        return burst(prepared.source, examples, name, prepared.attention, settings, progress, stop_event)
     except torch.OutOfMemoryError:
         pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
     gc.collect()
