@@ -269,8 +269,11 @@ def _preview_views(config: RunConfig) -> tuple:
 @user_errors
 def show_preview(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
                  max_length):
-    return _preview_views(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
-                                      max_length, precision, optimizer, upload=upload))
+    """Sends the batch picture as soon as it is drawn (the view people wait for), then the histogram and costs."""
+    preview = demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
+                                            max_length, precision, optimizer, upload=upload), limits=LIMITS)
+    yield plots.batch_figure(preview), gr.skip(), gr.skip()
+    yield gr.skip(), plots.lengths_figure(preview), cost_markdown(preview)
 
 
 def _result_views(document: dict, name: str) -> tuple:
@@ -412,13 +415,13 @@ def build_demo() -> gr.Blocks:
                 upload = gr.File(label="…or upload a .json / .jsonl file (replaces the dataset above)",
                                  file_types=[".json", ".jsonl"], type="filepath", height=120)
                 samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
-                                    info="examples drawn from the dataset")
+                                    info="examples drawn from the dataset", elem_id="samples")
                 collators = gr.CheckboxGroup(COLLATOR_CHOICES, value=list(DEFAULTS.collators),
                                              label="Collators to compare", elem_id="collators")
                 steps = gr.Slider(1, LIMITS.max_steps, value=DEFAULTS.steps, step=1, label="Steps per collator",
-                                  info="step 1 is warm-up and not timed")
+                                  info="step 1 is warm-up and not timed", elem_id="steps")
                 batch_size = gr.Slider(1, LIMITS.max_batch_size, value=DEFAULTS.batch_size, step=1,
-                                       label="Batch size", info="examples per step (bfd: packed rows)")
+                                       label="Batch size", info="examples per step (bfd: packed rows)", elem_id="batch-size")
                 with gr.Accordion("More settings", open=False):
                     attention = gr.Dropdown(list(ATTENTION_NAMES), value=DEFAULTS.attention, label="Attention",
                                             info="auto: varlen (our per-example kernel) or flash-attn 2 on a GPU")
@@ -435,16 +438,16 @@ def build_demo() -> gr.Blocks:
             with gr.Column(scale=3):
                 summary = gr.Markdown(elem_id="headline")
                 gr.Markdown("## 1 · The batch, before any training")
-                batch_plot = gr.Plot(label="First batch under each collator, and the attention each path computes",
+                batch_plot = gr.Plot(label="First batch under each collator, and the attention each path computes", show_label=False,
                                      elem_id="batch-plot")
                 with gr.Row():
-                    lengths_plot = gr.Plot(label="Example lengths", elem_id="lengths-plot")
+                    lengths_plot = gr.Plot(label="Example lengths", show_label=False, elem_id="lengths-plot")
                     cost = gr.Markdown(elem_id="cost")
                 gr.Markdown("## 2 · Training results (same examples, same order, same initial weights)")
                 with gr.Row():
-                    throughput_plot = gr.Plot(label="Throughput", elem_id="throughput-plot")
-                    loss_plot = gr.Plot(label="Loss", elem_id="loss-plot")
-                    memory_plot = gr.Plot(label="Memory", elem_id="memory-plot")
+                    throughput_plot = gr.Plot(label="Throughput", show_label=False, elem_id="throughput-plot")
+                    loss_plot = gr.Plot(label="Loss", show_label=False, elem_id="loss-plot")
+                    memory_plot = gr.Plot(label="Memory", show_label=False, elem_id="memory-plot")
                 results = gr.Dataframe(headers=RESULT_HEADERS, label="Results per collator", interactive=False,
                                        wrap=True, elem_id="results")
                 contamination = gr.Dataframe(

@@ -34,6 +34,7 @@ MEMORY_CATEGORY_COLORS = {"weights": "#4e79a7", "gradients": "#59a14f", "optimiz
 LEAK, NOT_COMPUTED, MASKED = -1, 0, 1  # mask image codes; 2 + i is "attends within example i"
 MAX_GRID_COLUMNS = 1024  # wider padded grids are drawn one column per k slots: the picture, not every cell
 MAX_GRID_ROWS = 16  # a batch of 64 would be 64 hairlines
+FIGURE_DPI = 80  # about the width the page gives a figure; more pixels only cost encoding time
 MASK_PIXELS = 360  # a packed row of T tokens has a T x T mask; draw it sampled at this many pixels per side
 ALL_LABELS_UP_TO = 12  # label every boundary up to this many examples, then only some
 
@@ -57,7 +58,7 @@ def _boundaries(cu_seqlens: list[int]) -> list[int]:
 
 def _text_figure(message: str, width_in: float = 7.0, height_in: float = 3.0) -> Figure:
     """A figure that says why there is nothing to draw, instead of an empty frame."""
-    figure = Figure(figsize=(width_in, height_in), layout="constrained")
+    figure = Figure(figsize=(width_in, height_in), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     axes.axis("off")
     axes.text(0.5, 0.5, message, ha="center", va="center", wrap=True, fontsize=11, color="#444444")
@@ -268,32 +269,37 @@ def batch_figure(preview: dict) -> Figure:
     padded = batches.get("padded") or batches.get("padded-grouped") or _padded_view(lengths)
     flat = batches.get("flatten") or _flat_view(lengths)
     bfd = batches.get("bfd")
-    # Top to bottom: padded grid, flattened row, its position_ids, BFD rows if selected, then the four masks.
-    heights = [min(len(lengths), MAX_GRID_ROWS) * 0.28 + 0.9, 1.3, 0.9]
+    # Top to bottom: padded grid, flattened row, its position_ids, BFD rows if selected, then the four masks. The
+    # layout is fixed in inches (spacer rows hold titles and axis labels) rather than solved by constrained layout,
+    # which measures every text twice and doubled the time to the first picture.
+    rows = [("space", 0.55), ("space", 0.35), ("padded", min(len(lengths), MAX_GRID_ROWS) * 0.28 + 0.3),
+            ("space", 1.15), ("flat", 0.9), ("space", 0.35), ("positions", 0.8), ("space", 0.5)]
     if bfd is not None:
-        heights.append(len(bfd["row_lengths"]) * 0.28 + 0.9)
-    heights.append(4.3)
-    figure = Figure(figsize=(16, sum(heights) + 1.4), layout="constrained")
-    grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
-    _draw_padded(figure.add_subplot(grid[0]), padded)
-    flat_axes = figure.add_subplot(grid[1])
-    _draw_flattened(flat_axes, figure.add_subplot(grid[2], sharex=flat_axes), flat)
+        rows += [("space", 0.6), ("bfd", len(bfd["row_lengths"]) * 0.28 + 0.3), ("space", 0.5)]
+    rows += [("space", 0.75), ("masks", 3.4), ("space", 1.0)]
+    heights = [height for _, height in rows]
+    figure = Figure(figsize=(16, sum(heights)), dpi=FIGURE_DPI)
+    grid = figure.add_gridspec(len(rows), 1, height_ratios=heights, hspace=0, left=0.05, right=0.88, top=1, bottom=0)
+    slot = {name: index for index, (name, _) in enumerate(rows) if name != "space"}
+    _draw_padded(figure.add_subplot(grid[slot["padded"]]), padded)
+    flat_axes = figure.add_subplot(grid[slot["flat"]])
+    _draw_flattened(flat_axes, figure.add_subplot(grid[slot["positions"]], sharex=flat_axes), flat)
     if bfd is not None:
-        _draw_bfd(figure.add_subplot(grid[3]), bfd, config["max_length"])
-    masks = grid[-1].subgridspec(1, len(_MASK_PANELS))
+        _draw_bfd(figure.add_subplot(grid[slot["bfd"]]), bfd, config["max_length"])
+    masks = grid[slot["masks"]].subgridspec(1, len(_MASK_PANELS), wspace=0.35)
     in_use = _panels_in_use(config["collators"], preview["attention"])
-    for slot, (panel, title, score_key) in enumerate(_MASK_PANELS):
-        _draw_mask(figure.add_subplot(masks[slot]), preview, lengths, panel, title, score_key, in_use.get(panel, []))
+    for index, (panel, title, score_key) in enumerate(_MASK_PANELS):
+        _draw_mask(figure.add_subplot(masks[index]), preview, lengths, panel, title, score_key, in_use.get(panel, []))
     figure.suptitle(
         f"The first batch of {config['batch_size']} examples as each collator builds it, and the attention each "
         f"path computes for it ({preview['attention']} attention on {preview['device']})",
-        fontsize=12, x=0.01, ha="left")
+        fontsize=12, x=0.01, y=1 - 0.15 / sum(heights), ha="left", va="top")
     figure.legend(
         handles=[Patch(color=_example_color(i), label=f"example {i}") for i in range(min(4, len(lengths)))]
         + [Patch(color=PAD_COLOR, label="padding / masked: computed, then wasted"),
            Patch(color=LEAK_COLOR, label="attention leaking across examples"),
            Line2D([], [], color=LABEL_MASK_COLOR, marker="^", linestyle="none", label="label -100: not trained on")],
-        loc="outside lower center", ncols=7, fontsize=8.5, frameon=False)
+        loc="lower center", ncols=7, fontsize=8.5, frameon=False)
     return figure
 
 
@@ -305,7 +311,7 @@ def batch_figure(preview: dict) -> Figure:
 def lengths_figure(preview: dict) -> Figure:
     lengths = np.asarray(preview["lengths"])
     stats = preview["dataset_stats"]
-    figure = Figure(figsize=(7.5, 4.2), layout="constrained")
+    figure = Figure(figsize=(7.5, 4.2), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     axes.hist(lengths, bins=min(50, max(10, len(lengths) // 5)), color="#4e79a7", alpha=0.85)
     for name, value, style in (("mean", stats["mean"], "-"), ("p50", stats["p50"], "--"),
@@ -339,7 +345,7 @@ def throughput_figure(document: dict) -> Figure:
     if not results:
         return _text_figure("No collator has finished yet.")
     comparison = document["comparison"]
-    figure = Figure(figsize=(6.5, 4.6), layout="constrained")
+    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     names = [result["collator"] for result in results]
     rates = [result["tokens_per_s"] for result in results]
@@ -372,7 +378,7 @@ def loss_figure(document: dict) -> Figure:
     results = document["results"]
     if not results:
         return _text_figure("No collator has finished yet.")
-    figure = Figure(figsize=(6.5, 4.6), layout="constrained")
+    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     for result in results:
         name = result["collator"]
@@ -414,7 +420,7 @@ def memory_figure(document: dict) -> Figure:
     if not bars:
         return _text_figure("Memory breakdown: not available for this run.\n"
                             "(The engine returned no per-category memory numbers.)", 6.5, 4.6)
-    figure = Figure(figsize=(6.5, 4.6), layout="constrained")
+    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     mib = 2 ** 20
     not_measured = set()

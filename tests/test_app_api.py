@@ -1,0 +1,100 @@
+"""The app's API through `gradio_client` against a launched server, plus the run history store and Stop.
+
+The comparison is kept small (128 samples, 10 steps) so the file runs in well under a minute on 2 cores; the
+numbers it checks do not depend on size: padding-free packing has no padding, trains to the same losses as padding,
+and on FLAN-like lengths is faster.
+"""
+
+import json
+import threading
+import types
+
+import pytest
+from gradio_client import Client
+
+import demo_core
+from demo_core.history import RunHistory
+
+SMALL_RUN = dict(samples=128, steps=10, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def client(lab_app):
+    return Client(lab_app.demo.local_url, verbose=False)
+
+
+def test_api_exposes_compare_and_preview_only(client):
+    endpoints = client.view_api(return_format="dict", print_info=False)
+    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview"}
+    assert not endpoints["unnamed_endpoints"]
+    names = [p["parameter_name"] for p in endpoints["named_endpoints"]["/compare"]["parameters"]]
+    assert names == ["model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed"]
+
+
+def test_compare_with_defaults_gives_sane_numbers(client, lab_app):
+    document = client.predict(**SMALL_RUN, api_name="/compare")
+    assert {"config", "dataset_stats", "results", "comparison"} <= set(document)
+    assert document["config"]["model"] == "tiny-llama" and document["config"]["dataset"] == "flan-like"
+    results = {result["collator"]: result for result in document["results"]}
+    assert list(results) == ["padded", "flatten"]
+    assert results["flatten"]["pad_fraction"] == 0.0
+    assert results["padded"]["pad_fraction"] > 0.3  # FLAN-like lengths: most padded slots are padding
+    flatten = document["comparison"]["flatten"]
+    assert flatten["speedup_vs_padded"] > 1.0, flatten
+    assert flatten["max_abs_loss_diff_vs_padded"] <= 1e-4
+    assert results["padded"]["losses"] == pytest.approx(results["flatten"]["losses"], abs=1e-4)
+    saved = lab_app.HISTORY.entries()[-1]
+    assert saved.document["results"] == document["results"]  # every completed run is kept
+
+
+def test_preview_matches_the_engine(client):
+    sent = client.predict(samples=64, collators="padded,flatten,bfd", api_name="/preview")
+    config = demo_core.RunConfig(samples=64, collators=("padded", "flatten", "bfd"))
+    expected = json.loads(json.dumps(demo_core.preview(config, limits=demo_core.Limits.from_env())))
+    for document in (sent, expected):  # the one measured time in a preview: how long collating took
+        for batch in document["batches"].values():
+            batch.pop("collate_s")
+    assert sent == expected
+    assert sent["batches"]["flatten"]["pad_fraction"] == 0.0
+    assert sent["cost"]["attention_scores_varlen"] < sent["cost"]["attention_scores_padded"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(samples="many"), "samples must be a whole number"),
+    (dict(collators="padded,zip"), "unknown collator 'zip'"),
+    (dict(dataset="/etc/passwd"), "outside the folders this app may read"),
+    (dict(model="/etc"), "outside the folders this app may read"),
+])
+def test_bad_input_is_one_clear_message_and_the_app_keeps_serving(client, arguments, message):
+    with pytest.raises(Exception) as raised:
+        client.predict(**arguments, api_name="/preview")
+    text = str(raised.value)
+    assert message in text
+    assert "Traceback" not in text and "root:" not in text  # no stack, no file contents
+    assert client.predict(samples=16, api_name="/preview")["dataset_stats"]["count"] == 16
+
+
+def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
+    request = types.SimpleNamespace(session_hash="stop-test")
+    run = lab_app.run_page("tiny-llama", "flan-like", None, 64, ["padded", "flatten"], 200, 4, "auto", "auto",
+                           "adamw", 0, 1024, request=request)
+    threading.Timer(3.0, lab_app.request_stop, args=(request,)).start()
+    *_, final = run  # runs to the end: Stop makes that a few steps, not 2 x 200
+    summary, history_rows = final[0], final[-1]
+    assert summary.startswith("### Stopped")
+    saved = lab_app.HISTORY.entries()[-1].document
+    assert saved["partial"] and saved["results"][0]["steps"] < 200
+    assert history_rows[0][-1] == "stopped (partial)"
+
+
+def test_history_survives_a_torn_last_line(tmp_path, caplog):
+    history = RunHistory(tmp_path)
+    history.append({"run": 1})
+    history.append({"run": 2})
+    with history.path.open("ab") as handle:  # a crash in the middle of the third write
+        handle.write(b'{"run_id": "x", "saved_at": "2026-01-01T00:00:00+00:00", "docu')
+    assert [entry.document for entry in history.entries()] == [{"run": 1}, {"run": 2}]
+    assert "skipping unreadable line 3" in caplog.text
+    history.append({"run": 3})  # starts on a fresh line instead of gluing onto the fragment
+    assert [entry.document for entry in history.entries()] == [{"run": 1}, {"run": 2}, {"run": 3}]
+    assert RunHistory(tmp_path).get(history.entries()[-1].run_id).document == {"run": 3}  # a new reader (restart)
