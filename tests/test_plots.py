@@ -1,0 +1,111 @@
+"""Figures from a real small run: every number drawn is checked against the document or preview it came from."""
+
+import io
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+import demo_core
+from demo_core import plots
+
+CONFIG = demo_core.RunConfig(samples=32, steps=3, batch_size=4, max_length=256,
+                             collators=("padded", "flatten", "naive-concat", "bfd"))
+
+
+@pytest.fixture(scope="module")
+def document():
+    return demo_core.run_comparison(CONFIG).to_dict()
+
+
+@pytest.fixture(scope="module")
+def preview():
+    return demo_core.preview(CONFIG)
+
+
+def _texts(figure: Figure) -> str:
+    return "\n".join(text.get_text() for text in figure.findobj(lambda artist: hasattr(artist, "get_text")))
+
+
+def _renders(figure: Figure) -> None:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="webp")  # what gr.Plot does with a matplotlib figure
+    assert buffer.tell() > 1000
+
+
+def test_batch_figure_labels_the_engine_numbers(preview):
+    figure = plots.batch_figure(preview)
+    _renders(figure)
+    texts = _texts(figure)
+    flat, padded, bfd = (preview["batches"][name] for name in ("flatten", "padded", "bfd"))
+    for boundary in flat["cu_seqlens"]:
+        assert f"\n{boundary}\n" in texts  # every cu_seqlens value of a small batch is written at its boundary
+    assert f"{padded['pad_fraction']:.0%} of the compute is padding" in texts
+    assert f"1 row × {bfd['real_tokens']:,} tokens" in texts
+    for score_key in ("attention_scores_padded", "attention_scores_dense_packed", "attention_scores_varlen"):
+        assert f"{preview['cost'][score_key]:,} scores" in texts
+    assert "used by flatten, bfd in this run" in texts  # varlen attention on CPU: the block-only panel
+    assert "used by naive-concat in this run" in texts
+
+
+def test_mask_images_compute_what_each_path_computes(preview):
+    lengths = sorted(preview["lengths"])[:3]  # the shortest examples of the run
+    total = sum(lengths)
+    assert total <= plots.MASK_PIXELS  # one pixel per token, so cells can be counted exactly
+    causal_pairs = sum(n * (n + 1) // 2 for n in lengths)
+    varlen = plots._mask_image(lengths, "varlen")
+    naive = plots._mask_image(lengths, "naive")
+    dense = plots._mask_image(lengths, "dense")
+    assert (varlen >= 2).sum() == (naive >= 2).sum() == (dense >= 2).sum() == causal_pairs
+    assert (varlen == plots.MASKED).sum() == 0  # varlen computes nothing it throws away
+    assert (dense == plots.NOT_COMPUTED).sum() == 0  # the dense mask computes all T x T scores
+    assert (naive == plots.LEAK).sum() == total * (total + 1) // 2 - causal_pairs
+    padded = plots._mask_image(lengths, "padded")
+    assert (padded != plots.NOT_COMPUTED).sum() == len(lengths) * max(lengths) ** 2
+
+
+def test_lengths_figure_counts_every_example(preview):
+    figure = plots.lengths_figure(preview)
+    _renders(figure)
+    heights = sum(patch.get_height() for patch in figure.axes[0].patches)
+    assert heights == len(preview["lengths"]) == preview["dataset_stats"]["count"]
+
+
+def test_throughput_figure_draws_tokens_per_s_and_speedups(document):
+    figure = plots.throughput_figure(document)
+    _renders(figure)
+    bars = [patch.get_height() for patch in figure.axes[0].patches]
+    assert bars == pytest.approx([result["tokens_per_s"] for result in document["results"]])
+    texts = _texts(figure)
+    for name, entry in document["comparison"].items():
+        assert f"{entry['speedup_vs_padded']:.2f}×" in texts
+    assert f"ideal {document['ideal_speedup']:.2f}×" in texts
+
+
+def test_loss_figure_draws_every_step_of_every_collator(document):
+    figure = plots.loss_figure(document)
+    _renders(figure)
+    lines = figure.axes[0].get_lines()
+    assert [list(line.get_ydata()) for line in lines] == [result["losses"] for result in document["results"]]
+    assert len({line.get_linestyle() for line in lines}) == len(lines)  # identical curves stay distinguishable
+
+
+def test_memory_figure_stacks_estimate_and_measured_or_says_why_not(document):
+    if not document["results"][0]["memory"]:
+        pytest.skip("this engine build returns no memory breakdown")
+    figure = plots.memory_figure(document)
+    _renders(figure)
+    memory = document["results"][0]["memory"]
+    estimate_mib = sum(memory["estimate"].values()) / 2 ** 20
+    assert f"{estimate_mib:,.1f}" in _texts(figure)
+    empty = {**document, "results": [{**result, "memory": {}} for result in document["results"]]}
+    assert "not available" in _texts(plots.memory_figure(empty))
+
+
+def test_results_figures_draw_a_run_in_progress(document):
+    """The app redraws after each collator: a document with only the first result must draw."""
+    first = {**document, "results": document["results"][:1], "partial": True}
+    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure):
+        _renders(draw(first))
+    assert np.isclose(plots.throughput_figure(first).axes[0].patches[0].get_height(),
+                      document["results"][0]["tokens_per_s"])
