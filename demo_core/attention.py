@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import threading
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
@@ -65,77 +66,87 @@ class Segments:
         return max(self.lengths)
 
 
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
+
+
 def _segment_start_flags(batch: int, seq_len: int, attention_mask, position_ids, cu_seq_lens) -> tuple:
-    """(real, starts): (batch, seq) bools on CPU, which slots hold real tokens and which begin a segment."""
-    starts = torch.zeros(batch, seq_len, dtype=torch.bool)
+    """(real, starts): (batch, seq) bool arrays, which slots hold real tokens and which begin a segment."""
+    starts = np.zeros((batch, seq_len), dtype=bool)
     starts[:, 0] = True
     if cu_seq_lens is not None and batch == 1:
-        bounds = cu_seq_lens.detach().cpu().long()
-        if int(bounds[-1]) != seq_len:
-            raise DemoInputError(f"cu_seq_lens ends at {int(bounds[-1])} but the packed row has {seq_len} tokens")
+        bounds = _as_numpy(cu_seq_lens).astype(np.int64)
+        if bounds[-1] != seq_len:
+            raise DemoInputError(f"cu_seq_lens ends at {bounds[-1]} but the packed row has {seq_len} tokens")
         starts[0, bounds[:-1][bounds[:-1] < seq_len]] = True  # an empty last segment starts nowhere
     elif position_ids is not None:
         # transformers' own packing rule: a new sequence starts wherever the position does not continue by one.
-        positions = position_ids.detach().expand(batch, seq_len).cpu()
+        positions = np.broadcast_to(_as_numpy(position_ids), (batch, seq_len))
         starts[:, 1:] |= positions[:, 1:] != positions[:, :-1] + 1
     if attention_mask is None:
-        return torch.ones(batch, seq_len, dtype=torch.bool), starts
-    real = attention_mask.detach().cpu().bool()
-    run_starts = real.clone()
+        return np.ones((batch, seq_len), dtype=bool), starts
+    real = _as_numpy(attention_mask).astype(bool)
+    run_starts = real.copy()
     run_starts[:, 1:] &= ~real[:, :-1]
-    rows_with_holes = torch.nonzero(run_starts.sum(dim=1) > 1).flatten()
-    if rows_with_holes.numel():
+    rows_with_holes = np.flatnonzero(run_starts.sum(axis=1) > 1)
+    if rows_with_holes.size:
         raise DemoInputError(
-            f"varlen attention got an attention mask with holes in row {int(rows_with_holes[0])}: it only honours "
+            f"varlen attention got an attention mask with holes in row {rows_with_holes[0]}: it only honours "
             f"padding at the start or end of a row; use --attention sdpa for arbitrary masks"
         )
     return real, (starts | run_starts) & real
 
 
-def _buckets(starts: list[int], lengths: list[int]) -> list[Bucket]:
-    """Greedy over lengths sorted longest first: each bucket takes the next run within the slack of its longest."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+def _buckets(starts: np.ndarray, lengths: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(gather index, keep index) per bucket. Greedy over lengths sorted longest first: each bucket takes the next
+    run of segments within the slack of its longest."""
+    order = np.argsort(-lengths, kind="stable")
+    sorted_lengths = lengths[order]
     buckets, first = [], 0
     while first < len(order):
-        longest = lengths[order[first]]
+        longest = int(sorted_lengths[first])
         shortest_allowed = min(longest / _BUCKET_SLACK_RATIO, longest - _BUCKET_SLACK_TOKENS)
-        last = first
-        while last < len(order) and lengths[order[last]] >= shortest_allowed:
-            last += 1
-        bucket_starts = torch.tensor([starts[i] for i in order[first:last]])
-        bucket_lengths = torch.tensor([lengths[i] for i in order[first:last]])
-        offsets = torch.arange(longest)
-        real = offsets[None, :] < bucket_lengths[:, None]
+        # sorted_lengths descends, so the members are a contiguous run starting at `first`
+        last = first + int(np.count_nonzero(sorted_lengths[first:] >= shortest_allowed))
+        members = order[first:last]
+        offsets = np.arange(longest)
+        bucket_lengths = lengths[members][:, None]
         # Padding entries repeat the segment's last token: any valid index works, causality hides them.
-        gather_index = bucket_starts[:, None] + torch.minimum(offsets[None, :], bucket_lengths[:, None] - 1)
-        buckets.append(Bucket(gather_index, torch.nonzero(real.flatten()).flatten()))
+        gather_index = starts[members][:, None] + np.minimum(offsets[None, :], bucket_lengths - 1)
+        buckets.append((gather_index, np.flatnonzero(offsets[None, :] < bucket_lengths)))
         first = last
     return buckets
 
 
 def find_segments(batch: int, seq_len: int, device: torch.device, attention_mask=None, position_ids=None,
                   cu_seq_lens=None) -> Segments:
-    """Segments from, in order of trust: `cu_seq_lens` (one packed row), `position_ids` restarts, the 2-D mask."""
+    """Segments from, in order of trust: `cu_seq_lens` (one packed row), `position_ids` restarts, the 2-D mask.
+
+    Index bookkeeping runs in NumPy: these are small integer arrays, and torch would hand each op to its OpenMP
+    pool, whose synchronisation costs milliseconds per op on a busy 2-core machine (measured: 10x slower).
+    """
     real, starts = _segment_start_flags(batch, seq_len, attention_mask, position_ids, cu_seq_lens)
-    real_index = torch.nonzero(real.flatten()).flatten()
-    if real_index.numel() == 0:
+    real_index = np.flatnonzero(real)
+    if real_index.size == 0:
         raise DemoInputError("varlen attention got a batch without any real token")
     # Every segment is a contiguous run of real slots (a padding gap always ends one), so segment k spans
     # real_index[first_k : first_k + length_k].
-    first_in_real = torch.nonzero(starts.flatten()[real_index]).flatten()
-    lengths = torch.diff(first_in_real, append=torch.tensor([real_index.numel()]))
-    starts_list, lengths_list = real_index[first_in_real].tolist(), lengths.tolist()
-    buckets = _buckets(starts_list, lengths_list)
-    bucket_destination = torch.cat([b.gather_index.flatten()[b.keep_index] for b in buckets])
-    cu_seqlens = torch.zeros(len(lengths_list) + 1, dtype=torch.int32)
-    cu_seqlens[1:] = torch.cumsum(lengths, 0)
+    first_in_real = np.flatnonzero(starts.reshape(-1)[real_index])
+    lengths = np.diff(first_in_real, append=real_index.size)
+    buckets = _buckets(real_index[first_in_real], lengths)
+    bucket_destination = np.concatenate([gather.reshape(-1)[keep] for gather, keep in buckets])
+    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+    def on_device(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
     return Segments(
-        lengths=lengths_list,
-        buckets=[Bucket(b.gather_index.to(device), b.keep_index.to(device)) for b in buckets],
-        real_index=real_index.to(device),
-        bucket_destination=bucket_destination.to(device),
-        cu_seqlens=cu_seqlens.to(device),
-        all_real=real_index.numel() == batch * seq_len,
+        lengths=lengths.tolist(),
+        buckets=[Bucket(on_device(gather), on_device(keep)) for gather, keep in buckets],
+        real_index=on_device(real_index),
+        bucket_destination=on_device(bucket_destination),
+        cu_seqlens=on_device(cu_seqlens),
+        all_real=real_index.size == batch * seq_len,
     )
 
 
