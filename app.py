@@ -408,12 +408,12 @@ def build_demo() -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=320):
-                model = gr.Dropdown(list(PRESETS), value=DEFAULTS.model, allow_custom_value=True, label="Model",
+                model = gr.Dropdown(list(PRESETS), value=DEFAULTS.model, allow_custom_value=True, label="Model", elem_id="model",
                                     info="a tiny random-init preset (trains on a CPU), or a hub id / local folder")
                 dataset = gr.Dropdown(list(BUILTIN_DATASETS), value=DEFAULTS.dataset, allow_custom_value=True,
                                       label="Dataset", info="a built-in length profile, or a hub dataset id")
-                upload = gr.File(label="…or upload a .json / .jsonl file (replaces the dataset above)",
-                                 file_types=[".json", ".jsonl"], type="filepath", height=120)
+                upload = gr.File(label="Or upload .json / .jsonl (used instead)", file_types=[".json", ".jsonl"],
+                                 type="filepath", height=110)
                 samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
                                     info="examples drawn from the dataset", elem_id="samples")
                 collators = gr.CheckboxGroup(COLLATOR_CHOICES, value=list(DEFAULTS.collators),
@@ -447,13 +447,14 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     throughput_plot = gr.Plot(label="Throughput", show_label=False, elem_id="throughput-plot")
                     loss_plot = gr.Plot(label="Loss", show_label=False, elem_id="loss-plot")
+                with gr.Row():
                     memory_plot = gr.Plot(label="Memory", show_label=False, elem_id="memory-plot")
+                    contamination = gr.Dataframe(
+                        headers=CONTAMINATION_HEADERS, interactive=False, elem_id="contamination", wrap=True,
+                        label="Contamination check: logits of each example inside the packed row vs the example "
+                              "alone (≈1e-6 is float rounding; naive concat moves them by O(1))")
                 results = gr.Dataframe(headers=RESULT_HEADERS, label="Results per collator", interactive=False,
                                        wrap=True, elem_id="results")
-                contamination = gr.Dataframe(
-                    headers=CONTAMINATION_HEADERS, interactive=False, elem_id="contamination",
-                    label="Contamination check: logits of each example in the packed row vs the example alone "
-                          "(≈1e-6 is float rounding; naive concat moves them by O(1))")
                 with gr.Row():
                     json_file = gr.File(label="Run as JSON", interactive=False)
                     csv_file = gr.File(label="Results as CSV", interactive=False)
@@ -471,10 +472,8 @@ def build_demo() -> gr.Blocks:
                                show_progress="minimal")
         demo.load(**preview_options)
         demo.load(history_table, outputs=history, api_visibility="private")  # read at every page load: survives restarts
-        for widget in (model, dataset, upload, collators, attention, seed):
-            widget.change(**preview_options)
-        for widget in (samples, steps, batch_size, max_length):
-            widget.release(**preview_options)
+        for widget in (model, dataset, upload, samples, collators, steps, batch_size, attention, seed, max_length):
+            widget.change(**preview_options)  # always_last: dragging a slider redraws once it settles
         run_button.click(**preview_options).success(
             run_page, inputs=page_inputs, outputs=[summary, *result_outputs, history], api_visibility="private",
             concurrency_id="training", show_progress_on=[status])

@@ -424,7 +424,10 @@ def memory_figure(document: dict) -> Figure:
     axes = figure.add_subplot()
     mib = 2 ** 20
     not_measured = set()
-    for position, (result, (label, categories, is_estimate)) in enumerate(bars):
+    collator_names = list(dict.fromkeys(result["collator"] for result, _ in bars))
+    # Estimate and measured of one collator side by side, a gap between collators.
+    positions = [index + 0.6 * collator_names.index(result["collator"]) for index, (result, _) in enumerate(bars)]
+    for position, (result, (label, categories, is_estimate)) in zip(positions, bars):
         bottom = 0.0
         for category, color in MEMORY_CATEGORY_COLORS.items():
             value = categories.get(category)
@@ -436,12 +439,13 @@ def memory_figure(document: dict) -> Figure:
             bottom += value / mib
         axes.text(position, bottom, f"{bottom:,.1f}" + ("" if is_estimate else _total_error(result["memory"])),
                   ha="center", va="bottom", fontsize=8)
-    axes.set_xticks(range(len(bars)), [label for _, (label, _, _) in bars], fontsize=8)
+    axes.set_xticks(positions, [label for _, (label, _, _) in bars], fontsize=7.5)
     axes.set_ylabel("MiB at the peak of a step")
     handles = [Patch(color=color, label=category) for category, color in MEMORY_CATEGORY_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (formula)"))
     axes.legend(handles=handles, fontsize=7, ncols=2, loc="upper right")
-    note = f"  (not measurable here: {', '.join(sorted(not_measured))})" if not_measured else ""
-    axes.set_title(f"Memory per category: estimate (hatched) next to measured{note}", fontsize=10, wrap=True)
+    note = f"; not measurable here: {', '.join(sorted(not_measured))}" if not_measured else ""
+    axes.set_title(f"Memory at the peak of a training step, per category\n"
+                   f"(hatched: estimate; solid: measured{note})", fontsize=10)
     axes.set_ylim(0, axes.get_ylim()[1] * 1.25)  # room for the legend above the tallest bar
     return figure
