@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--profile", action="store_true", help="also profile one step per collator")
-    parser.add_argument("--out", default="benchmarks/out")
+    parser.add_argument("--out", default="runs/packing_speed")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
