@@ -232,8 +232,8 @@ def headline(document: dict, seconds: float | None = None) -> str:
         difference = entry["max_abs_loss_diff_vs_padded"]
         loss = ("loss identical to padded" if difference is not None and difference < 1e-4
                 else f"loss differs from padded by up to {difference:.2f}")
-        lines.append(f"**{name}**: <span class='speedup' data-collator='{name}'>{entry['speedup_vs_padded']:.2f}×"
-                     f"</span> the padded throughput (ideal {entry['ideal_speedup']:.2f}×), {loss}")
+        lines.append(f"**{name}**: {entry['speedup_vs_padded']:.2f}× the padded throughput "
+                     f"(ideal {entry['ideal_speedup']:.2f}×), {loss}")
     if not lines:
         lines.append("Add `padded` and a packing collator to see a speedup.")
     status = "Stopped: partial results" if document.get("partial") else "Done"
@@ -244,9 +244,7 @@ def headline(document: dict, seconds: float | None = None) -> str:
 def cost_markdown(preview: dict) -> str:
     cost, config = preview["cost"], preview["config"]
     notes = "".join(f"\n\n*Note: {note}*" for note in preview["dataset_stats"].get("notes", []))
-    return f"""**Before training** (from the data alone)
-
-| | |
+    return f"""| Before training (from the data alone) | |
 |---|---|
 | slots that are padding, over the {config['steps']} steps | **{cost['pad_fraction']:.0%}** |
 | ideal speedup of packing (padded slots ÷ real tokens) | **{cost['ideal_speedup']:.2f}×** |
@@ -304,7 +302,7 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
         try:
             comparison = demo_core.run_comparison(
                 config, limits=LIMITS, stop_event=stop_event,
-                progress=lambda name, step, steps: updates.put(("step", name, step)),
+                progress=lambda name, step, _total: updates.put(("step", name, step)),
                 on_result=lambda result: updates.put(("result", result)))
             updates.put(("done", comparison))
         except BaseException as error:  # handed to the handler thread, which reports it
@@ -328,7 +326,7 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
                          desc="contamination check" if finished == collator_count else "next collator")
                 partial = Comparison(preview["config"], preview["dataset_stats"], results,
                                      preview["cost"]["ideal_speedup"], [], {}, partial=True).to_dict()
-                yield (f"Running: {finished} of {collator_count} collators done…",
+                yield (f"Running: {finished} of {collator_count} collators done…", gr.skip(),
                        plots.throughput_figure(partial), plots.loss_figure(partial), plots.memory_figure(partial),
                        results_table(partial), gr.skip(), gr.skip(), gr.skip(), gr.skip())
             elif kind == "error":
@@ -341,8 +339,8 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
         worker.join()  # one training job at a time: the queue slot frees only when the worker is done
         _STOP_EVENTS.pop(request.session_hash, None)
     entry = HISTORY.append(document)
-    yield (headline(document, time.perf_counter() - started), *_result_views(document, entry.run_id),
-           history_table())
+    yield (f"Saved as run {entry.run_id} in the history below.", headline(document, time.perf_counter() - started),
+           *_result_views(document, entry.run_id), history_table())
 
 
 def request_stop(request: gr.Request) -> str:
@@ -413,7 +411,7 @@ def build_demo() -> gr.Blocks:
                 dataset = gr.Dropdown(list(BUILTIN_DATASETS), value=DEFAULTS.dataset, allow_custom_value=True,
                                       label="Dataset", info="a built-in length profile, or a hub dataset id")
                 upload = gr.File(label="Or upload .json / .jsonl (used instead)", file_types=[".json", ".jsonl"],
-                                 type="filepath", height=110)
+                                 type="filepath")
                 samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
                                     info="examples drawn from the dataset", elem_id="samples")
                 collators = gr.CheckboxGroup(COLLATOR_CHOICES, value=list(DEFAULTS.collators),
@@ -436,7 +434,8 @@ def build_demo() -> gr.Blocks:
                     stop_button = gr.Button("Stop", variant="stop", elem_id="stop")
                 status = gr.Markdown("Press **Run** to train.", elem_id="status", min_height=60)
             with gr.Column(scale=3):
-                summary = gr.Markdown(elem_id="headline")
+                summary = gr.Markdown("Press **Run**: each collator trains for a few steps and its results appear "
+                                      "below as soon as it finishes.", elem_id="headline")
                 gr.Markdown("## 1 · The batch, before any training")
                 batch_plot = gr.Plot(label="First batch under each collator, and the attention each path computes", show_label=False,
                                      elem_id="batch-plot")
@@ -475,7 +474,7 @@ def build_demo() -> gr.Blocks:
         for widget in (model, dataset, upload, samples, collators, steps, batch_size, attention, seed, max_length):
             widget.change(**preview_options)  # always_last: dragging a slider redraws once it settles
         run_button.click(**preview_options).success(
-            run_page, inputs=page_inputs, outputs=[summary, *result_outputs, history], api_visibility="private",
+            run_page, inputs=page_inputs, outputs=[status, summary, *result_outputs, history], api_visibility="private",
             concurrency_id="training", show_progress_on=[status])
         stop_button.click(request_stop, outputs=status, api_visibility="private", concurrency_limit=None,
                           concurrency_id="stop")

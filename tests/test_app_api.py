@@ -80,7 +80,7 @@ def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
                            "adamw", 0, 1024, request=request)
     threading.Timer(3.0, lab_app.request_stop, args=(request,)).start()
     *_, final = run  # runs to the end: Stop makes that a few steps, not 2 x 200
-    summary, history_rows = final[0], final[-1]
+    summary, history_rows = final[1], final[-1]
     assert summary.startswith("### Stopped")
     saved = lab_app.HISTORY.entries()[-1].document
     assert saved["partial"] and saved["results"][0]["steps"] < 200
@@ -98,3 +98,13 @@ def test_history_survives_a_torn_last_line(tmp_path, caplog):
     history.append({"run": 3})  # starts on a fresh line instead of gluing onto the fragment
     assert [entry.document for entry in history.entries()] == [{"run": 1}, {"run": 2}, {"run": 3}]
     assert RunHistory(tmp_path).get(history.entries()[-1].run_id).document == {"run": 3}  # a new reader (restart)
+
+
+def test_picking_a_history_row_redraws_that_run(lab_app):
+    tiny = demo_core.RunConfig(samples=16, steps=2, batch_size=4)
+    entry = lab_app.HISTORY.append(demo_core.run_comparison(tiny).to_dict())
+    summary, batch, lengths, cost, throughput, loss, memory, table, contamination, json_path, csv_path = \
+        lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]))
+    assert entry.run_id in summary and batch is not None and "Before training" in cost
+    assert [row[0] for row in table] == [result["collator"] for result in entry.document["results"]]
+    assert json.loads(open(json_path).read())["results"] == entry.document["results"]
