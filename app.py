@@ -59,6 +59,8 @@ COLLATOR_CHOICES = [
     ("naive-concat: one row, no restarts (contaminated baseline)", "naive-concat"),
     ("bfd: TRL best-fit-decreasing packed rows, then flattened", "bfd"),
     ("padded-grouped: padded, batches grouped by length", "padded-grouped"),
+    ("trl-padding-free: TRL SFTTrainer, padding_free=True (the blog's second recipe)", "trl-padding-free"),
+    ("trl-bfd: TRL SFTTrainer, packing with best-fit-decreasing", "trl-bfd"),
 ]
 
 INTRO = """
