@@ -178,6 +178,73 @@ def _make_optimizer(model: torch.nn.Module, settings: BurstSettings):
     return None
 
 
+def training_arguments(settings: BurstSettings, output_dir: str, sampling: str = "sequential") -> dict:
+    """The TrainingArguments every burst shares, Trainer's and TRL's SFTConfig alike (SFTConfig subclasses it)."""
+    return dict(
+        output_dir=output_dir,
+        max_steps=settings.steps,
+        per_device_train_batch_size=per_device_batch_size(settings.batch_size),
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        optim="adamw_torch",
+        seed=settings.seed,
+        # Pre-shuffled data read in order: every collator sees the same examples in the same order.
+        train_sampling_strategy=sampling,
+        bf16=settings.precision == "bf16",
+        fp16=settings.precision == "fp16",
+        use_cpu=settings.device == "cpu",
+        # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
+        # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
+        # (a backend named in a single process would make accelerate look for a process group that is not there)
+        ddp_backend="gloo" if settings.device == "cpu" and world_size() > 1 else None,
+        ddp_find_unused_parameters=False,
+        average_tokens_across_devices=True,
+        # Trainer's and SFTConfig's defaults differ (SFTConfig turns it on): every burst follows the run's setting.
+        activation_checkpointing=settings.gradient_checkpointing,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=settings.device == "cuda",
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+
+
+def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecorder, memory_recorder: MemoryRecorder,
+                     collator_name: str, attention: str, settings: BurstSettings) -> Result:
+    """Trains, then turns what the callbacks recorded into this rank's `Result`."""
+    trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
+    trainer.train()
+    memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0], collator_name,
+                                                       attention, settings)
+    steps_done = len(recorder.step_times_s)
+    return Result(
+        collator=collator_name,
+        attention=attention,
+        device=settings.device,
+        precision=settings.precision,
+        steps=steps_done,
+        losses=trainer.step_losses[:steps_done],
+        step_times_s=recorder.step_times_s,
+        step_real_tokens=[b.real_tokens for b in recorder.batches],
+        step_padded_slots=[b.padded_slots for b in recorder.batches],
+        step_examples=[b.examples for b in recorder.batches],
+        step_collate_s=[b.collate_s for b in recorder.batches],
+        peak_memory_bytes=peak_memory_bytes,
+        memory=memory_report,
+        partial=recorder.stopped_early,
+        world_size=trainer.args.world_size,
+    )
+
+
+def release_memory(device: str) -> None:
+    """After a burst: collect the model, optimizer and trainer now, so the next collator starts from the same state."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str, attention: str,
               settings: BurstSettings, progress: ProgressFn | None = None,
               stop_event: threading.Event | None = None) -> Result:
@@ -186,69 +253,18 @@ def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str
     collator = make_collator(collator_name, source.tokenizer)
     recorder = StepRecorder(collator, settings.device, settings.steps, collator_name, progress, stop_event)
     memory_recorder = MemoryRecorder(model, settings.device)
+    optimizer = _make_optimizer(model, settings)
+    sampling = "group_by_length" if collator_name == "padded-grouped" else "sequential"
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
-        args = TrainingArguments(
-            output_dir=output_dir,
-            max_steps=settings.steps,
-            per_device_train_batch_size=per_device_batch_size(settings.batch_size),
-            learning_rate=settings.learning_rate,
-            lr_scheduler_type="constant",
-            weight_decay=0.0,
-            optim="adamw_torch",
-            seed=settings.seed,
-            # Pre-shuffled data read in order: every collator sees the same examples in the same order.
-            train_sampling_strategy="group_by_length" if collator_name == "padded-grouped" else "sequential",
-            bf16=settings.precision == "bf16",
-            fp16=settings.precision == "fp16",
-            use_cpu=settings.device == "cpu",
-            # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
-            # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
-            # (a backend named in a single process would make accelerate look for a process group that is not there)
-            ddp_backend="gloo" if settings.device == "cpu" and world_size() > 1 else None,
-            ddp_find_unused_parameters=False,
-            average_tokens_across_devices=True,
-            activation_checkpointing=settings.gradient_checkpointing,
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-            dataloader_pin_memory=settings.device == "cuda",
-            report_to="none",
-            save_strategy="no",
-            logging_strategy="no",
-            disable_tqdm=True,
-        )
-        optimizer = _make_optimizer(model, settings)
         trainer = RecordingTrainer(
             model=model,
-            args=args,
+            args=TrainingArguments(**training_arguments(settings, output_dir, sampling), remove_unused_columns=False),
             train_dataset=training_dataset(examples, collator_name, settings.max_length),
             data_collator=collator,
             callbacks=[recorder, memory_recorder],
             optimizers=(optimizer, None),
         )
-        trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
-        trainer.train()
-        memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0],
-                                                           collator_name, attention, settings)
-        steps_done = len(recorder.step_times_s)
-        result = Result(
-            collator=collator_name,
-            attention=attention,
-            device=settings.device,
-            precision=settings.precision,
-            steps=steps_done,
-            losses=trainer.step_losses[:steps_done],
-            step_times_s=recorder.step_times_s,
-            step_real_tokens=[b.real_tokens for b in recorder.batches],
-            step_padded_slots=[b.padded_slots for b in recorder.batches],
-            step_examples=[b.examples for b in recorder.batches],
-            step_collate_s=[b.collate_s for b in recorder.batches],
-            peak_memory_bytes=peak_memory_bytes,
-            memory=memory_report,
-            partial=recorder.stopped_early,
-            world_size=args.world_size,
-        )
+        result = train_and_record(trainer, source, recorder, memory_recorder, collator_name, attention, settings)
     del trainer, model, optimizer, memory_recorder
-    gc.collect()
-    if settings.device == "cuda":
-        torch.cuda.empty_cache()
+    release_memory(settings.device)
     return merge_ranks(result)

@@ -12,19 +12,17 @@ trainer, so the `Result` means exactly what a Trainer burst's does.
 
 from __future__ import annotations
 
-import gc
 import tempfile
 import threading
 
 import datasets
 import torch
-from transformers import PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
 from .burst import (BurstSettings, MemoryRecorder, ProgressFn, RecordingTrainer, StepRecorder, _make_optimizer,
-                    memory_of_burst)
+                    release_memory, train_and_record, training_arguments)
 from .collators import RecordingCollator
-from .distributed import merge_ranks, per_device_batch_size
+from .distributed import merge_ranks
 from .models import ModelSource
 from .results import Result
 
@@ -59,32 +57,11 @@ class TRLCollatorRecorder(RecordingCollator):
 def _sft_config(collator_name: str, output_dir: str, settings: BurstSettings) -> SFTConfig:
     packing = collator_name == "trl-bfd"
     return SFTConfig(
-        output_dir=output_dir,
+        **training_arguments(settings, output_dir),
         padding_free=True,
         packing=packing,
         packing_strategy="bfd",
         max_length=settings.max_length if packing else None,
-        # SFTConfig turns checkpointing on by default (15-30% slower): follow the run's setting, as bursts do.
-        activation_checkpointing=settings.gradient_checkpointing,
-        max_steps=settings.steps,
-        per_device_train_batch_size=per_device_batch_size(settings.batch_size),
-        learning_rate=settings.learning_rate,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        optim="adamw_torch",
-        seed=settings.seed,
-        train_sampling_strategy="sequential",  # same examples in the same order as every other collator
-        bf16=settings.precision == "bf16",
-        fp16=settings.precision == "fp16",
-        use_cpu=settings.device == "cpu",
-        ddp_find_unused_parameters=False,
-        average_tokens_across_devices=True,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=settings.device == "cuda",
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
     )
 
 
@@ -111,30 +88,7 @@ def run_trl_burst(source: ModelSource, examples: list[list[int]], collator_name:
         )
         collator.inner = trainer.data_collator
         trainer.data_collator = collator
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0],
-                                                           collator_name, attention, settings)
-        steps_done = len(recorder.step_times_s)
-        result = Result(
-            collator=collator_name,
-            attention=attention,
-            device=settings.device,
-            precision=settings.precision,
-            steps=steps_done,
-            losses=trainer.step_losses[:steps_done],
-            step_times_s=recorder.step_times_s,
-            step_real_tokens=[b.real_tokens for b in recorder.batches],
-            step_padded_slots=[b.padded_slots for b in recorder.batches],
-            step_examples=[b.examples for b in recorder.batches],
-            step_collate_s=[b.collate_s for b in recorder.batches],
-            peak_memory_bytes=peak_memory_bytes,
-            memory=memory_report,
-            partial=recorder.stopped_early,
-            world_size=args.world_size,
-        )
+        result = train_and_record(trainer, source, recorder, memory_recorder, collator_name, attention, settings)
     del trainer, model, optimizer, memory_recorder
-    gc.collect()
-    if settings.device == "cuda":
-        torch.cuda.empty_cache()
+    release_memory(settings.device)
     return merge_ranks(result)
