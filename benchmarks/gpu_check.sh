@@ -98,8 +98,10 @@ import json, sys, time
 from pathlib import Path
 
 out = Path(sys.argv[1])
+# Memory (issue 4's GPU target, ±10%): the estimated peak of a step next to max_memory_allocated, and the CUDA
+# context NVML measured (used minus reserved).
 lines = ["| dataset | attention | collator | tokens/s | step ms | speedup | ideal | peak memory GB | peak vs padded "
-         "| max abs Δloss |", "|" + "---|" * 10]
+         "| estimated peak GB | estimate error | context GB | max abs Δloss |", "|" + "---|" * 13]
 environment = {}
 for path in sorted(out.glob("llama-1b-*.json")):
     document = json.loads(path.read_text())
@@ -108,12 +110,16 @@ for path in sorted(out.glob("llama-1b-*.json")):
         entry = document["comparison"][result["collator"]]
         peak = result["peak_memory_bytes"]
         delta = entry["peak_memory_vs_padded"]
+        estimated = result["memory"].get("estimated_peak_bytes")
+        error = None if not (peak and estimated) else estimated / peak - 1
+        context = result["memory"].get("measured", {}).get("context")
         lines.append(
             f"| {document['dataset_stats']['name']} | {result['attention']} | {result['collator']} | "
             f"{result['tokens_per_s']:.0f} | {1000 * result['step_time_median_s']:.0f} | "
             f"{entry['speedup_vs_padded']:.2f}x | {entry['ideal_speedup']:.2f}x | "
             f"{'-' if peak is None else f'{peak / 1e9:.1f}'} | {'-' if delta is None else f'{delta:+.1%}'} | "
-            f"{entry['max_abs_loss_diff_vs_padded']:.1e} |")
+            f"{'-' if estimated is None else f'{estimated / 1e9:.1f}'} | {'-' if error is None else f'{error:+.1%}'} | "
+            f"{'-' if context is None else f'{context / 1e9:.2f}'} | {entry['max_abs_loss_diff_vs_padded']:.1e} |")
 header = (f"{time.strftime('%Y-%m-%d')}, {environment.get('gpu', '?')}, torch {environment.get('torch', '?')}, "
           f"transformers {environment.get('transformers', '?')}; llama-1b, bf16")
 table = header + "\n\n" + "\n".join(lines) + "\n"
