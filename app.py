@@ -2,7 +2,8 @@
 
 Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT move it). API endpoints for
 `gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
-both taking (model, dataset, samples, collators, steps, batch_size, attention, seed).
+both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length), and `/history` (the
+saved runs, one summary each).
 
 Limits come from the environment (`demo_core.Limits.from_env()`); local model and data paths typed into the page or
 the API must lie under PACKING_LAB_ALLOWED_ROOTS (default: the data dir and Gradio's upload folder); finished runs
@@ -50,7 +51,10 @@ logger = logging.getLogger("packing_lab.app")
 
 LIMITS = Limits.from_env()
 HISTORY = RunHistory(data_dir())
-DEFAULTS = RunConfig()
+# The engine's defaults, lowered to the configured caps so that a run with defaults is always allowed.
+DEFAULTS = RunConfig(samples=min(RunConfig.samples, LIMITS.max_samples), steps=min(RunConfig.steps, LIMITS.max_steps),
+                     batch_size=min(RunConfig.batch_size, LIMITS.max_batch_size),
+                     max_length=min(RunConfig.max_length, LIMITS.max_length))
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "packing-lab-downloads"  # Gradio serves files from the temp dir
 
 COLLATOR_CHOICES = [
@@ -378,10 +382,10 @@ def show_history_run(selection: gr.SelectData):
 def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
             collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
             batch_size: int = DEFAULTS.batch_size, attention: str = DEFAULTS.attention,
-            seed: int = DEFAULTS.seed) -> dict:
+            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length) -> dict:
     """Trains a short burst per collator and returns the engine's JSON document (config, dataset_stats, results,
     comparison, contamination, environment). `collators` is a comma list, e.g. "padded,flatten"."""
-    config = make_config(model, dataset, samples, collators, steps, batch_size, attention, seed)
+    config = make_config(model, dataset, samples, collators, steps, batch_size, attention, seed, max_length)
     document = demo_core.run_comparison(config, limits=LIMITS).to_dict()
     HISTORY.append(document)
     return document
@@ -391,11 +395,28 @@ def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, sample
 def preview(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
             collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
             batch_size: int = DEFAULTS.batch_size, attention: str = DEFAULTS.attention,
-            seed: int = DEFAULTS.seed) -> dict:
+            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length) -> dict:
     """The numbers before any training: length statistics, the first batch under each collator (lengths,
     cu_seqlens, position_ids, labels, shape, pad_fraction) and the cost preview (`cost`)."""
-    return demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed),
-                             limits=LIMITS)
+    return demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
+                                         max_length), limits=LIMITS)
+
+
+@user_errors
+def saved_runs() -> list[dict]:
+    """The saved runs, oldest first: one summary each (run_id, saved_at, model, dataset, samples, collators, steps,
+    batch_size, seed, max_length, attention, best_speedup, partial). The history file survives restarts; a line
+    torn by a crash is skipped with a warning in the server log."""
+    runs = []
+    for entry in HISTORY.entries():
+        config = entry.document.get("config", {})
+        runs.append({"run_id": entry.run_id, "saved_at": entry.saved_at,
+                     **{key: config.get(key) for key in ("model", "dataset", "samples", "collators", "steps",
+                                                         "batch_size", "seed", "max_length")},
+                     "attention": config.get("resolved_attention", config.get("attention")),
+                     "best_speedup": _best_speedup(entry.document) if "comparison" in entry.document else None,
+                     "partial": bool(entry.document.get("partial"))})
+    return runs
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -480,10 +501,12 @@ def build_demo() -> gr.Blocks:
             concurrency_id="training", show_progress_on=[status])
         stop_button.click(request_stop, outputs=status, api_visibility="private", concurrency_limit=None,
                           concurrency_id="stop")
+        # (every event in a concurrency group needs the group's limit: the lowest one given wins)
         history.select(show_history_run, outputs=[summary, *preview_outputs, *result_outputs],
-                       api_visibility="private", concurrency_id="preview")
+                       api_visibility="private", concurrency_id="preview", concurrency_limit=4)
         gr.api(compare, api_name="compare", concurrency_id="training")
         gr.api(preview, api_name="preview", concurrency_id="preview", concurrency_limit=4)
+        gr.api(saved_runs, api_name="history", concurrency_id="history", concurrency_limit=4)
     # One training job at a time: every training event shares the "training" group under this default limit.
     demo.queue(default_concurrency_limit=1)
     return demo

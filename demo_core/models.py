@@ -168,6 +168,11 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         config = AutoConfig.from_pretrained(target, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False)
     except (OSError, ValueError) as error:
+        if "custom code" in str(error):  # auto_map to the model's own Python files: never run (trust_remote_code)
+            raise DemoInputError(
+                f"model {name_or_path!r} needs its own Python code to load (auto_map), and this app never runs "
+                f"code that comes with a model (trust_remote_code is off); use a model transformers supports natively"
+            ) from None
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (offline: only models already in the local cache can be used)" if offline else ""
         raise DemoInputError(

@@ -23,12 +23,15 @@ def client(lab_app):
     return Client(lab_app.demo.local_url, verbose=False)
 
 
-def test_api_exposes_compare_and_preview_only(client):
+def test_api_exposes_compare_preview_and_history_only(client):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview"}
+    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history"}
     assert not endpoints["unnamed_endpoints"]
-    names = [p["parameter_name"] for p in endpoints["named_endpoints"]["/compare"]["parameters"]]
-    assert names == ["model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed"]
+    for name in ("/compare", "/preview"):
+        names = [p["parameter_name"] for p in endpoints["named_endpoints"][name]["parameters"]]
+        assert names == ["model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed",
+                         "max_length"]
+    assert not endpoints["named_endpoints"]["/history"]["parameters"]
 
 
 def test_compare_with_defaults_gives_sane_numbers(client, lab_app):
