@@ -6,10 +6,7 @@ collator, the cost of padding and of attention), computed from the tokenized dat
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
-import gc
 import platform
 import threading
 from typing import Callable
@@ -19,7 +16,7 @@ import transformers
 
 from . import data, distributed
 from .attention import resolve_attention
-from .burst import BurstSettings, ProgressFn, run_burst, training_dataset
+from .burst import BurstSettings, ProgressFn, release_memory, run_burst, training_dataset
 from .collators import make_collator
 from .config import Limits, RunConfig
 from .contamination import contamination_check
@@ -168,34 +165,11 @@ def _run_burst_or_explain_oom(prepared: Prepared, examples, name: str, settings:
         return burst(prepared.source, examples, name, prepared.attention, settings, progress, stop_event)
     except torch.OutOfMemoryError:
         pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_memory()
     raise DemoInputError(
         f"out of GPU memory while training {name!r} (batch size {settings.batch_size}, max length "
         f"{settings.max_length}, {prepared.config.model}): try a smaller batch size or max length"
     )
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def release_run_memory() -> None:
-    """Hands a finished run's memory back to the system. Without the trim, glibc keeps the freed heap of a run
-    (~300 MB for a tiny CPU run) and a server's resident memory steps up by a third over its first few runs
-    (benchmarks/soak.py) even though no object survives."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def run_comparison(config: RunConfig, limits: Limits | None = None, progress: ProgressFn | None = None,
@@ -205,7 +179,7 @@ def run_comparison(config: RunConfig, limits: Limits | None = None, progress: Pr
     try:
         return _run_comparison(config, limits, progress, stop_event, on_result)
     finally:
-        release_run_memory()  # after a failed or stopped run too
+        release_memory()  # after a failed or stopped run too
 
 
 def _run_comparison(config: RunConfig, limits: Limits | None, progress: ProgressFn | None,

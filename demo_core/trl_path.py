@@ -90,5 +90,5 @@ def run_trl_burst(source: ModelSource, examples: list[list[int]], collator_name:
         trainer.data_collator = collator
         result = train_and_record(trainer, source, recorder, memory_recorder, collator_name, attention, settings)
     del trainer, model, optimizer, memory_recorder
-    release_memory(settings.device)
+    release_memory()
     return merge_ranks(result)
