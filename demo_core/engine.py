@@ -200,9 +200,13 @@ def _run_comparison(config: RunConfig, limits: Limits | None, progress: Progress
         results.append(result)
         if on_result is not None:
             on_result(result)
-    # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective).
-    contamination = contamination_check(prepared.source, prepared.attention, examples[: min(config.batch_size, 8)],
-                                        prepared.device, config.seed) if distributed.is_main_process() else []
+    # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a stopped run
+    # skips it, so that Stop ends the run promptly.
+    stopped = stop_event is not None and stop_event.is_set()
+    contamination = []
+    if distributed.is_main_process() and not stopped:
+        contamination = contamination_check(prepared.source, prepared.attention,
+                                            examples[: min(config.batch_size, 8)], prepared.device, config.seed)
     return Comparison(
         config={**config.to_dict(), "resolved_attention": prepared.attention, "resolved_device": prepared.device,
                 "resolved_precision": prepared.precision},
