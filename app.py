@@ -12,7 +12,6 @@ are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
 import inspect
@@ -23,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default: set before gradio is imported
 
@@ -30,12 +30,8 @@ import gradio as gr  # noqa: E402
 from gradio.utils import get_upload_folder  # noqa: E402
 
 import demo_core  # noqa: E402
-from demo_core import plots  # noqa: E402
-from demo_core.config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig  # noqa: E402
-from demo_core.data import BUILTIN_DATASETS  # noqa: E402
-from demo_core.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
-from demo_core.models import PRESETS  # noqa: E402
-from demo_core.results import Comparison, write_json  # noqa: E402
+from demo_core import (ATTENTION_NAMES, BUILTIN_DATASETS, COLLATORS, OPTIMIZER_NAMES, PRECISION_NAMES,  # noqa: E402
+                       PRESETS, Limits, RunConfig, RunHistory, data_dir, plots, report)
 
 try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call; a no-op anywhere else
     import spaces
@@ -57,15 +53,6 @@ DEFAULTS = RunConfig(samples=min(RunConfig.samples, LIMITS.max_samples), steps=m
                      max_length=min(RunConfig.max_length, LIMITS.max_length))
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "packing-lab-downloads"  # Gradio serves files from the temp dir
 
-COLLATOR_CHOICES = [
-    ("padded: pad every example to the batch's longest", "padded"),
-    ("flatten: padding-free, one row, positions restart (the blog's method)", "flatten"),
-    ("naive-concat: one row, no restarts (contaminated baseline)", "naive-concat"),
-    ("bfd: TRL best-fit-decreasing packed rows, then flattened", "bfd"),
-    ("padded-grouped: padded, batches grouped by length", "padded-grouped"),
-    ("trl-padding-free: TRL SFTTrainer, padding_free=True (the blog's second recipe)", "trl-padding-free"),
-    ("trl-bfd: TRL SFTTrainer, packing with best-fit-decreasing", "trl-bfd"),
-]
 
 INTRO = """
 # Packing Lab: padding vs padding-free packing, measured
@@ -160,114 +147,26 @@ def config_from_document(document: dict) -> RunConfig:
 # Tables and downloads from a run document
 # ----------------------------------------------------------------------------------------------------------------
 
-# (header, value from (result, comparison entry), display format)
-RESULT_COLUMNS = (
-    ("collator", lambda r, c: r["collator"], "{}"),
-    ("attention", lambda r, c: r["attention"], "{}"),
-    ("steps", lambda r, c: r["steps"], "{}"),
-    ("pad fraction", lambda r, c: r["pad_fraction"], "{:.1%}"),
-    ("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),
-    ("samples/s", lambda r, c: r["samples_per_s"], "{:.2f}"),
-    ("median step s", lambda r, c: r["step_time_median_s"], "{:.3f}"),
-    ("speedup vs padded", lambda r, c: c["speedup_vs_padded"], "{:.2f}×"),
-    ("ideal speedup", lambda r, c: c["ideal_speedup"], "{:.2f}×"),
-    ("max |Δloss| vs padded", lambda r, c: c["max_abs_loss_diff_vs_padded"], "{:.1e}"),
-    ("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
-    ("peak memory bytes", lambda r, c: r["peak_memory_bytes"], "{:,}"),
-    ("partial", lambda r, c: r["partial"], "{}"),
-)
-RESULT_HEADERS = [header for header, _, _ in RESULT_COLUMNS]
-CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", "naive-concat max |Δlogit| vs alone"]
-HISTORY_HEADERS = ["run id", "saved (UTC)", "model", "dataset", "samples", "collators", "steps", "batch",
-                   "attention", "best speedup", "status"]
-
-
-def result_values(document: dict) -> list[list]:
-    """One row of raw values per collator (the CSV); the table shows the same values formatted."""
-    return [[value(result, document["comparison"][result["collator"]]) for _, value, _ in RESULT_COLUMNS]
-            for result in document["results"]]
-
-
-def results_table(document: dict) -> list[list[str]]:
-    return [["–" if value is None else fmt.format(value) for value, (_, _, fmt) in zip(row, RESULT_COLUMNS)]
-            for row in result_values(document)]
-
-
-def contamination_table(document: dict) -> list[list]:
-    return [[row["example"], row["length"], f"{row['flatten_max_abs_logit_diff']:.1e}",
-             f"{row['naive_concat_max_abs_logit_diff']:.1e}"] for row in document["contamination"]]
-
-
 def write_downloads(document: dict, name: str) -> tuple[str, str]:
     folder = DOWNLOAD_DIR / name
     folder.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = folder / f"packing-lab-{name}.json", folder / f"packing-lab-{name}.csv"
-    write_json(document, json_path)
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(RESULT_HEADERS)
-        writer.writerows(result_values(document))
+    demo_core.write_json(document, json_path)
+    csv_path.write_text(report.results_csv(document))
     return str(json_path), str(csv_path)
 
 
-def _best_speedup(document: dict) -> float | None:
-    speedups = [entry["speedup_vs_padded"] for name, entry in document["comparison"].items()
-                if name != "padded" and entry["speedup_vs_padded"] is not None]
-    return max(speedups) if speedups else None
-
-
 def history_table() -> list[list]:
-    rows = []
-    for entry in reversed(HISTORY.entries()):  # newest first
-        config, best = entry.document["config"], _best_speedup(entry.document)
-        rows.append([entry.run_id, entry.saved_at.replace("T", " ").replace("+00:00", ""), config["model"],
-                     Path(config["dataset"]).name, config["samples"], ", ".join(config["collators"]), config["steps"],
-                     config["batch_size"], config.get("resolved_attention", config["attention"]),
-                     "–" if best is None else f"{best:.2f}×",
-                     "stopped (partial)" if entry.document.get("partial") else "complete"])
-    return rows
-
-
-def headline(document: dict, seconds: float | None = None) -> str:
-    """One sentence per packing collator: the speedup and whether the loss stayed the same."""
-    lines = []
-    for result in document["results"]:
-        name, entry = result["collator"], document["comparison"][result["collator"]]
-        if name == "padded" or entry["speedup_vs_padded"] is None:
-            continue
-        difference = entry["max_abs_loss_diff_vs_padded"]
-        loss = ("loss identical to padded" if difference is not None and difference < 1e-4
-                else f"loss differs from padded by up to {difference:.2f}")
-        lines.append(f"**{name}**: {entry['speedup_vs_padded']:.2f}× the padded throughput "
-                     f"(ideal {entry['ideal_speedup']:.2f}×), {loss}")
-    if not lines:
-        lines.append("Add `padded` and a packing collator to see a speedup.")
-    status = "Stopped: partial results" if document.get("partial") else "Done"
-    timing = f" in {seconds:.1f} s" if seconds is not None else ""
-    return f"### {status}{timing}\n" + "\n".join(f"- {line}" for line in lines)
-
-
-def cost_markdown(preview: dict) -> str:
-    cost, config = preview["cost"], preview["config"]
-    notes = "".join(f"\n\n*Note: {note}*" for note in preview["dataset_stats"].get("notes", []))
-    return f"""| Before training (from the data alone) | |
-|---|---|
-| slots that are padding, over the {config['steps']} steps | **{cost['pad_fraction']:.0%}** |
-| ideal speedup of packing (padded slots ÷ real tokens) | **{cost['ideal_speedup']:.2f}×** |
-| attention scores, first batch: varlen Σsᵢ² | {cost['attention_scores_varlen']:,} |
-| · padded B·L² | {cost['attention_scores_padded']:,} |
-| · dense packed mask (Σsᵢ)² | {cost['attention_scores_dense_packed']:,} |
-| optimizer steps per collator | {cost['optimizer_steps']} |
-| attention path, device | {preview['attention']}, {preview['device']} |{notes}"""
+    return [report.history_row(summary) for summary in reversed(saved_runs())]  # newest first
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Handlers
 # ----------------------------------------------------------------------------------------------------------------
 
-def _preview_views(config: RunConfig) -> tuple:
-    preview = demo_core.preview(config, limits=LIMITS)
-    return plots.batch_figure(preview), plots.lengths_figure(preview), cost_markdown(preview)
+def _preview_views(preview: dict) -> tuple:
+    """(batch picture, lengths histogram, cost table) of a preview."""
+    return plots.batch_figure(preview), plots.lengths_figure(preview), report.cost_markdown(preview)
 
 
 @user_errors
@@ -277,64 +176,68 @@ def show_preview(model, dataset, upload, samples, collators, steps, batch_size, 
     preview = demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
                                             max_length, precision, optimizer, upload=upload), limits=LIMITS)
     yield plots.batch_figure(preview), gr.skip(), gr.skip()
-    yield gr.skip(), plots.lengths_figure(preview), cost_markdown(preview)
+    yield gr.skip(), plots.lengths_figure(preview), report.cost_markdown(preview)
 
 
 def _result_views(document: dict, name: str) -> tuple:
     """(throughput, loss, memory, results table, contamination table, JSON file, CSV file) of a finished run."""
     return (plots.throughput_figure(document), plots.loss_figure(document), plots.memory_figure(document),
-            results_table(document), contamination_table(document), *write_downloads(document, name))
+            report.results_table(document), report.contamination_table(document), *write_downloads(document, name))
 
 
 # A Stop click finds the run of its own browser session here.
 _STOP_EVENTS: dict[str, threading.Event] = {}
 
 
-@on_gpu
-@user_errors
-def run_page(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
-             max_length, request: gr.Request, progress=gr.Progress()):
-    """Trains in a worker thread and yields the views after each collator; the last yield adds the history row."""
-    config = make_config(model, dataset, samples, collators, steps, batch_size, attention, seed, max_length,
-                         precision, optimizer, upload=upload)
-    preview = demo_core.preview(config, limits=LIMITS)  # validates fast, and gives the ideal for partial views
-    steps, collator_count = preview["config"]["steps"], len(preview["config"]["collators"])
-    total_steps = collator_count * steps
-    stop_event = threading.Event()
-    _STOP_EVENTS[request.session_hash] = stop_event
-    updates: queue.Queue = queue.Queue()
-
+def _train_in_worker(prepared: demo_core.Prepared, stop_event: threading.Event, updates: queue.Queue) -> threading.Thread:
+    """Trains in a thread that reports ("step", name, step), ("result", Result), ("done", Comparison) or ("error", e)."""
     def work():
         try:
             comparison = demo_core.run_comparison(
-                config, limits=LIMITS, stop_event=stop_event,
+                prepared, stop_event=stop_event,
                 progress=lambda name, step, _total: updates.put(("step", name, step)),
                 on_result=lambda result: updates.put(("result", result)))
             updates.put(("done", comparison))
         except BaseException as error:  # handed to the handler thread, which reports it
             updates.put(("error", error))
 
-    started = time.perf_counter()
     worker = threading.Thread(target=work, name="packing-lab-run", daemon=True)
     worker.start()
-    results, finished = [], 0
+    return worker
+
+
+@on_gpu
+@user_errors
+def run_page(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
+             max_length, request: gr.Request, progress=gr.Progress()):
+    """Prepares the run once: draws its batch, then trains in a worker thread and yields the views after each
+    collator; the last yield adds the history row."""
+    started = time.perf_counter()
+    prepared = demo_core.prepare(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
+                                             max_length, precision, optimizer, upload=upload), limits=LIMITS)
+    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 8)
+    steps, collator_count = prepared.config.steps, len(prepared.specs)
+    total_steps = collator_count * steps
+    stop_event = threading.Event()
+    _STOP_EVENTS[request.session_hash] = stop_event
+    updates: queue.Queue = queue.Queue()
+    worker = _train_in_worker(prepared, stop_event, updates)
+    results = []
     try:
         progress((0, total_steps), desc="building the model and the first batch")
         while True:
             kind, *payload = updates.get()
             if kind == "step":
                 name, step = payload
-                progress((finished * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
+                progress((len(results) * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
             elif kind == "result":
                 results.append(payload[0])
-                finished += 1
-                progress((finished * steps, total_steps),
-                         desc="contamination check" if finished == collator_count else "next collator")
-                partial = Comparison(preview["config"], preview["dataset_stats"], results,
-                                     preview["cost"]["ideal_speedup"], [], {}, partial=True).to_dict()
-                yield (f"Running: {finished} of {collator_count} collators done…", gr.skip(),
+                progress((len(results) * steps, total_steps),
+                         desc="contamination check" if len(results) == collator_count else "next collator")
+                partial = prepared.comparison(results).to_dict()
+                yield (f"Running: {len(results)} of {collator_count} collators done…", *[gr.skip()] * 4,
                        plots.throughput_figure(partial), plots.loss_figure(partial), plots.memory_figure(partial),
-                       results_table(partial), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+                       report.results_table(partial), *[gr.skip()] * 4)
             elif kind == "error":
                 raise payload[0]
             else:
@@ -345,7 +248,8 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
         worker.join()  # one training job at a time: the queue slot frees only when the worker is done
         _STOP_EVENTS.pop(request.session_hash, None)
     entry = HISTORY.append(document)
-    yield (f"Saved as run {entry.run_id} in the history below.", headline(document, time.perf_counter() - started),
+    yield (f"Saved as run {entry.run_id} in the history below.",
+           report.headline(document, time.perf_counter() - started), *[gr.skip()] * 3,
            *_result_views(document, entry.run_id), history_table())
 
 
@@ -360,15 +264,15 @@ def request_stop(request: gr.Request) -> str:
 @user_errors
 def show_history_run(selection: gr.SelectData):
     """Redraws a run picked in the history table: its results and, when its data is still readable, its batch."""
-    entry: HistoryEntry | None = HISTORY.get(str(selection.row_value[0]))
+    entry = HISTORY.get(str(selection.row_value[0]))
     if entry is None:
         raise demo_core.DemoInputError("that run is no longer in the history file")
     document = entry.document
     try:
-        batch, lengths, cost = _preview_views(config_from_document(document))
+        batch, lengths, cost = _preview_views(demo_core.preview(config_from_document(document), limits=LIMITS))
     except demo_core.DemoInputError as error:  # e.g. an uploaded file Gradio has since cleaned up
         batch, lengths, cost = None, None, f"*The batch picture cannot be redrawn: {error}*"
-    return (f"*History run {entry.run_id} ({entry.saved_at})*\n\n" + headline(document), batch, lengths, cost,
+    return (f"*History run {entry.run_id} ({entry.saved_at})*\n\n" + report.headline(document), batch, lengths, cost,
             *_result_views(document, entry.run_id))
 
 
@@ -407,16 +311,7 @@ def saved_runs() -> list[dict]:
     """The saved runs, oldest first: one summary each (run_id, saved_at, model, dataset, samples, collators, steps,
     batch_size, seed, max_length, attention, best_speedup, partial). The history file survives restarts; a line
     torn by a crash is skipped with a warning in the server log."""
-    runs = []
-    for entry in HISTORY.entries():
-        config = entry.document.get("config", {})
-        runs.append({"run_id": entry.run_id, "saved_at": entry.saved_at,
-                     **{key: config.get(key) for key in ("model", "dataset", "samples", "collators", "steps",
-                                                         "batch_size", "seed", "max_length")},
-                     "attention": config.get("resolved_attention", config.get("attention")),
-                     "best_speedup": _best_speedup(entry.document) if "comparison" in entry.document else None,
-                     "partial": bool(entry.document.get("partial"))})
-    return runs
+    return [report.run_summary(entry.run_id, entry.saved_at, entry.document) for entry in HISTORY.entries()]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -424,86 +319,101 @@ def saved_runs() -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _settings_column() -> SimpleNamespace:
+    """The inputs, Run and Stop, and the status line (built inside the page's left column)."""
+    ui = SimpleNamespace()
+    ui.model = gr.Dropdown(list(PRESETS), value=DEFAULTS.model, allow_custom_value=True, label="Model",
+                           elem_id="model", info="a tiny random-init preset (trains on a CPU), or a hub id / local folder")
+    ui.dataset = gr.Dropdown(list(BUILTIN_DATASETS), value=DEFAULTS.dataset, allow_custom_value=True,
+                             label="Dataset", info="a built-in length profile, or a hub dataset id")
+    ui.upload = gr.File(label="Or upload .json / .jsonl (used instead)", file_types=[".json", ".jsonl"],
+                        type="filepath")
+    ui.samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
+                           info="examples drawn from the dataset", elem_id="samples")
+    ui.collators = gr.CheckboxGroup([(spec.label, name) for name, spec in COLLATORS.items()],
+                                    value=list(DEFAULTS.collators), label="Collators to compare", elem_id="collators")
+    ui.steps = gr.Slider(1, LIMITS.max_steps, value=DEFAULTS.steps, step=1, label="Steps per collator",
+                         info="step 1 is warm-up and not timed", elem_id="steps")
+    ui.batch_size = gr.Slider(1, LIMITS.max_batch_size, value=DEFAULTS.batch_size, step=1, label="Batch size",
+                              info="examples per step (bfd: packed rows)", elem_id="batch-size")
+    with gr.Accordion("More settings", open=False):
+        ui.attention = gr.Dropdown(list(ATTENTION_NAMES), value=DEFAULTS.attention, label="Attention",
+                                   info="auto: varlen (our per-example kernel) or flash-attn 2 on a GPU")
+        ui.precision = gr.Dropdown(list(PRECISION_NAMES), value=DEFAULTS.precision, label="Precision",
+                                   info="auto: bf16 on a GPU that has it, else fp32")
+        ui.optimizer = gr.Dropdown(list(OPTIMIZER_NAMES), value=DEFAULTS.optimizer, label="Optimizer")
+        ui.seed = gr.Number(DEFAULTS.seed, precision=0, label="Seed", minimum=0)
+        ui.max_length = gr.Slider(2, LIMITS.max_length, value=DEFAULTS.max_length, step=1, label="Max length",
+                                  info="longer examples are truncated")
+    with gr.Row():
+        ui.run_button = gr.Button("Run", variant="primary", elem_id="run")
+        ui.stop_button = gr.Button("Stop", variant="stop", elem_id="stop")
+    ui.status = gr.Markdown("Press **Run** to train.", elem_id="status", min_height=60)
+    return ui
+
+
+def _views_column() -> SimpleNamespace:
+    """The headline, the batch before training, the results and the history (the page's right column)."""
+    ui = SimpleNamespace()
+    ui.summary = gr.Markdown("Press **Run**: each collator trains for a few steps and its results appear below as "
+                             "soon as it finishes.", elem_id="headline")
+    gr.Markdown("## 1 · The batch, before any training")
+    ui.batch_plot = gr.Plot(label="First batch under each collator, and the attention each path computes",
+                            show_label=False, elem_id="batch-plot")
+    with gr.Row():
+        ui.lengths_plot = gr.Plot(label="Example lengths", show_label=False, elem_id="lengths-plot")
+        ui.cost = gr.Markdown(elem_id="cost")
+    gr.Markdown("## 2 · Training results (same examples, same order, same initial weights)")
+    with gr.Row():
+        ui.throughput_plot = gr.Plot(label="Throughput", show_label=False, elem_id="throughput-plot")
+        ui.loss_plot = gr.Plot(label="Loss", show_label=False, elem_id="loss-plot")
+    with gr.Row():
+        ui.memory_plot = gr.Plot(label="Memory", show_label=False, elem_id="memory-plot")
+        ui.contamination = gr.Dataframe(
+            headers=report.CONTAMINATION_HEADERS, interactive=False, elem_id="contamination", wrap=True,
+            label="Contamination check: logits of each example inside the packed row vs the example alone (≈1e-6 "
+                  "is float rounding; naive concat moves them by O(1))")
+    ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
+                              wrap=True, elem_id="results")
+    with gr.Row():
+        ui.json_file = gr.File(label="Run as JSON", interactive=False)
+        ui.csv_file = gr.File(label="Results as CSV", interactive=False)
+    gr.Markdown("## 3 · History (click a row to redraw that run)")
+    ui.history = gr.Dataframe(headers=report.HISTORY_HEADERS, interactive=False, elem_id="history", max_height=320)
+    return ui
+
+
 def build_demo() -> gr.Blocks:
     with gr.Blocks(title="Packing Lab") as demo:
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=320):
-                model = gr.Dropdown(list(PRESETS), value=DEFAULTS.model, allow_custom_value=True, label="Model", elem_id="model",
-                                    info="a tiny random-init preset (trains on a CPU), or a hub id / local folder")
-                dataset = gr.Dropdown(list(BUILTIN_DATASETS), value=DEFAULTS.dataset, allow_custom_value=True,
-                                      label="Dataset", info="a built-in length profile, or a hub dataset id")
-                upload = gr.File(label="Or upload .json / .jsonl (used instead)", file_types=[".json", ".jsonl"],
-                                 type="filepath")
-                samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
-                                    info="examples drawn from the dataset", elem_id="samples")
-                collators = gr.CheckboxGroup(COLLATOR_CHOICES, value=list(DEFAULTS.collators),
-                                             label="Collators to compare", elem_id="collators")
-                steps = gr.Slider(1, LIMITS.max_steps, value=DEFAULTS.steps, step=1, label="Steps per collator",
-                                  info="step 1 is warm-up and not timed", elem_id="steps")
-                batch_size = gr.Slider(1, LIMITS.max_batch_size, value=DEFAULTS.batch_size, step=1,
-                                       label="Batch size", info="examples per step (bfd: packed rows)", elem_id="batch-size")
-                with gr.Accordion("More settings", open=False):
-                    attention = gr.Dropdown(list(ATTENTION_NAMES), value=DEFAULTS.attention, label="Attention",
-                                            info="auto: varlen (our per-example kernel) or flash-attn 2 on a GPU")
-                    precision = gr.Dropdown(list(PRECISION_NAMES), value=DEFAULTS.precision, label="Precision",
-                                            info="auto: bf16 on a GPU that has it, else fp32")
-                    optimizer = gr.Dropdown(list(OPTIMIZER_NAMES), value=DEFAULTS.optimizer, label="Optimizer")
-                    seed = gr.Number(DEFAULTS.seed, precision=0, label="Seed", minimum=0)
-                    max_length = gr.Slider(2, LIMITS.max_length, value=DEFAULTS.max_length, step=1,
-                                           label="Max length", info="longer examples are truncated")
-                with gr.Row():
-                    run_button = gr.Button("Run", variant="primary", elem_id="run")
-                    stop_button = gr.Button("Stop", variant="stop", elem_id="stop")
-                status = gr.Markdown("Press **Run** to train.", elem_id="status", min_height=60)
+                inputs = _settings_column()
             with gr.Column(scale=3):
-                summary = gr.Markdown("Press **Run**: each collator trains for a few steps and its results appear "
-                                      "below as soon as it finishes.", elem_id="headline")
-                gr.Markdown("## 1 · The batch, before any training")
-                batch_plot = gr.Plot(label="First batch under each collator, and the attention each path computes", show_label=False,
-                                     elem_id="batch-plot")
-                with gr.Row():
-                    lengths_plot = gr.Plot(label="Example lengths", show_label=False, elem_id="lengths-plot")
-                    cost = gr.Markdown(elem_id="cost")
-                gr.Markdown("## 2 · Training results (same examples, same order, same initial weights)")
-                with gr.Row():
-                    throughput_plot = gr.Plot(label="Throughput", show_label=False, elem_id="throughput-plot")
-                    loss_plot = gr.Plot(label="Loss", show_label=False, elem_id="loss-plot")
-                with gr.Row():
-                    memory_plot = gr.Plot(label="Memory", show_label=False, elem_id="memory-plot")
-                    contamination = gr.Dataframe(
-                        headers=CONTAMINATION_HEADERS, interactive=False, elem_id="contamination", wrap=True,
-                        label="Contamination check: logits of each example inside the packed row vs the example "
-                              "alone (≈1e-6 is float rounding; naive concat moves them by O(1))")
-                results = gr.Dataframe(headers=RESULT_HEADERS, label="Results per collator", interactive=False,
-                                       wrap=True, elem_id="results")
-                with gr.Row():
-                    json_file = gr.File(label="Run as JSON", interactive=False)
-                    csv_file = gr.File(label="Results as CSV", interactive=False)
-                gr.Markdown("## 3 · History (click a row to redraw that run)")
-                history = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history",
-                                       max_height=320)
-
-        page_inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision,
-                       optimizer, seed, max_length]
-        preview_outputs = [batch_plot, lengths_plot, cost]
-        result_outputs = [throughput_plot, loss_plot, memory_plot, results, contamination, json_file, csv_file]
+                views = _views_column()
+        page_inputs = [inputs.model, inputs.dataset, inputs.upload, inputs.samples, inputs.collators, inputs.steps,
+                       inputs.batch_size, inputs.attention, inputs.precision, inputs.optimizer, inputs.seed,
+                       inputs.max_length]
+        preview_outputs = [views.batch_plot, views.lengths_plot, views.cost]
+        result_outputs = [views.throughput_plot, views.loss_plot, views.memory_plot, views.results,
+                          views.contamination, views.json_file, views.csv_file]
         # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
         preview_options = dict(fn=show_preview, inputs=page_inputs, outputs=preview_outputs, api_visibility="private",
                                concurrency_id="preview", concurrency_limit=4, trigger_mode="always_last",
                                show_progress="minimal")
         demo.load(**preview_options)
-        demo.load(history_table, outputs=history, api_visibility="private")  # read at every page load: survives restarts
-        for widget in (model, dataset, upload, samples, collators, steps, batch_size, attention, seed, max_length):
+        # Read at every page load, so the table survives restarts.
+        demo.load(history_table, outputs=views.history, api_visibility="private")
+        for widget in page_inputs:
             widget.change(**preview_options)  # always_last: dragging a slider redraws once it settles
-        run_button.click(**preview_options).success(
-            run_page, inputs=page_inputs, outputs=[status, summary, *result_outputs, history], api_visibility="private",
-            concurrency_id="training", show_progress_on=[status])
-        stop_button.click(request_stop, outputs=status, api_visibility="private", concurrency_limit=None,
-                          concurrency_id="stop")
+        inputs.run_button.click(run_page, inputs=page_inputs, api_visibility="private", concurrency_id="training",
+                                outputs=[inputs.status, views.summary, *preview_outputs, *result_outputs,
+                                         views.history], show_progress_on=[inputs.status])
+        inputs.stop_button.click(request_stop, outputs=inputs.status, api_visibility="private",
+                                 concurrency_limit=None, concurrency_id="stop")
         # (every event in a concurrency group needs the group's limit: the lowest one given wins)
-        history.select(show_history_run, outputs=[summary, *preview_outputs, *result_outputs],
-                       api_visibility="private", concurrency_id="preview", concurrency_limit=4)
+        views.history.select(show_history_run, outputs=[views.summary, *preview_outputs, *result_outputs],
+                             api_visibility="private", concurrency_id="preview", concurrency_limit=4)
         gr.api(compare, api_name="compare", concurrency_id="training")
         gr.api(preview, api_name="preview", concurrency_id="preview", concurrency_limit=4)
         gr.api(saved_runs, api_name="history", concurrency_id="history", concurrency_limit=4)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from demo_core import data  # noqa: E402
 from demo_core.attention import capability  # noqa: E402
-from demo_core.collators import make_collator  # noqa: E402
+from demo_core.collators import collator_spec, make_collator  # noqa: E402
 from demo_core.engine import ideal_speedup  # noqa: E402
 from demo_core.models import load_model_source  # noqa: E402
 from demo_core.results import Result, compare  # noqa: E402
@@ -84,7 +84,7 @@ def work_flops(model: torch.nn.Module, lengths: list[int], collator: str, attent
     linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attention_width = config.num_attention_heads * head_dim
-    padded = collator == "padded"
+    padded = collator_spec(collator).layout == "padded"
     slots = len(lengths) * max(lengths) if padded else sum(lengths)
     if attention == "sdpa":
         pairs = len(lengths) * max(lengths) ** 2 if padded else sum(lengths) ** 2
@@ -113,7 +113,8 @@ def run_pair(source, examples, attention: str, args, device: str) -> tuple[float
             record["times"].append(best[name][0])
             record["collate"].append(best[name][1])
             record["real"].append(sum(lengths))
-            record["slots"].append(len(lengths) * max(lengths) if name == "padded" else sum(lengths))
+            padded = collator_spec(name).layout == "padded"
+            record["slots"].append(len(lengths) * max(lengths) if padded else sum(lengths))
             record["examples"].append(len(lengths))
             record["flops"].append(work_flops(runs[0].model, lengths, name, attention))
     if args.profile:

@@ -1,13 +1,24 @@
 """Packing Lab engine: real training bursts comparing padded and padding-free batching.
 
-Public API: `run_comparison(RunConfig) -> Comparison` (its `.to_dict()` is the JSON contract), `preview(RunConfig)`
-for the no-training views, and `DemoInputError` for user mistakes. Nothing here imports gradio.
+Public API (what the CLI and the app use; nothing here imports gradio):
+- `RunConfig`, `Limits`, `DemoInputError` (the one error type for user mistakes);
+- `prepare(RunConfig) -> Prepared`, then `preview(prepared)` for the no-training views and
+  `run_comparison(prepared) -> Comparison` (its `.to_dict()` is the JSON document); both also take a RunConfig;
+- `COLLATORS` (the collator registry), the choices for the other settings, `PRESETS`, `BUILTIN_DATASETS`;
+- `plots` (figures) and `report` (tables and sentences shared by the CLI and the page), `RunHistory`.
 """
 
-from .config import COLLATOR_NAMES, Limits, RunConfig
-from .engine import preview, run_comparison
+from . import plots, report
+from .collators import COLLATORS, CollatorSpec
+from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
+from .data import BUILTIN_DATASETS
+from .engine import Prepared, prepare, preview, run_comparison
 from .errors import DemoInputError
-from .results import Comparison, Result
+from .history import HistoryEntry, RunHistory, data_dir
+from .models import PRESETS
+from .results import Comparison, Result, write_json
 
-__all__ = ["COLLATOR_NAMES", "Comparison", "DemoInputError", "Limits", "Result", "RunConfig", "preview",
-           "run_comparison"]
+__all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
+           "HistoryEntry", "Limits", "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Prepared", "Result",
+           "RunConfig", "RunHistory", "data_dir", "plots", "prepare", "preview", "report", "run_comparison",
+           "write_json"]

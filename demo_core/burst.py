@@ -16,18 +16,15 @@ import threading
 import time
 from typing import Callable
 
-import datasets
 import torch
-from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
-from trl import pack_dataset
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from . import memory
-from .collators import BatchStats, make_collator
-from .distributed import merge_ranks, per_device_batch_size, world_size
+from .collators import BatchStats, CollatorSpec
+from .distributed import merge_ranks
 from .models import ModelSource
 from .results import Result
-
-datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
+from .trainers import build_trainer, make_optimizer
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
 
@@ -55,6 +52,7 @@ class StepRecorder(TrainerCallback):
 
     def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None,
                  stop_event: threading.Event | None):
+        # `collator` is the RecordingCollator the trainer calls: each step pops the BatchStats of the batch it ate.
         self.collator, self.device, self.total_steps, self.name = collator, device, total_steps, name
         self.progress, self.stop_event = progress, stop_event
         self.step_times_s: list[float] = []
@@ -121,15 +119,15 @@ class MemoryRecorder(TrainerCallback):
         self._forward_hook.remove()
 
 
-def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, collator_name: str,
+def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, spec: CollatorSpec,
                     attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
     """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
     lengths = first_batch.lengths
-    if collator_name.startswith("padded"):
+    if spec.layout == "padded":
         shape = dict(batch_size=len(lengths), seq_len=max(lengths), real_tokens=sum(lengths))
     else:
         # One row; naive concatenation attends over the whole row as a single segment.
-        segments = [sum(lengths)] if collator_name == "naive-concat" else lengths
+        segments = [sum(lengths)] if spec.layout == "naive" else lengths
         shape = dict(batch_size=1, seq_len=sum(lengths), real_tokens=sum(lengths), packed=True,
                      segment_lengths=segments)
     measured = recorder.measured or {}
@@ -152,77 +150,16 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     return report, peak_bytes
 
 
-class RecordingTrainer(Trainer):
-    """Trainer that keeps each step's exact loss (the logged loss is rounded and averaged over logging steps)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.step_losses: list[float] = []
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        self.step_losses.append(float(loss))
-        return loss
-
-
-def training_dataset(examples: list[list[int]], collator: str, max_length: int) -> datasets.Dataset:
-    dataset = datasets.Dataset.from_dict({"input_ids": examples})
-    if collator == "bfd":
-        # TRL's best-fit-decreasing packer: rows of at most max_length tokens, each with its `seq_lengths`.
-        dataset = pack_dataset(dataset, seq_length=max_length, strategy="bfd")
-    return dataset
-
-
-def _make_optimizer(model: torch.nn.Module, settings: BurstSettings):
-    """None lets Trainer build torch AdamW; SGD with momentum 0.9 is built here (Trainer's "sgd" has none)."""
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
-    return None
-
-
-def training_arguments(settings: BurstSettings, output_dir: str, sampling: str = "sequential") -> dict:
-    """The TrainingArguments every burst shares, Trainer's and TRL's SFTConfig alike (SFTConfig subclasses it)."""
-    return dict(
-        output_dir=output_dir,
-        max_steps=settings.steps,
-        per_device_train_batch_size=per_device_batch_size(settings.batch_size),
-        learning_rate=settings.learning_rate,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        optim="adamw_torch",
-        seed=settings.seed,
-        # Pre-shuffled data read in order: every collator sees the same examples in the same order.
-        train_sampling_strategy=sampling,
-        bf16=settings.precision == "bf16",
-        fp16=settings.precision == "fp16",
-        use_cpu=settings.device == "cpu",
-        # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
-        # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
-        # (a backend named in a single process would make accelerate look for a process group that is not there)
-        ddp_backend="gloo" if settings.device == "cpu" and world_size() > 1 else None,
-        ddp_find_unused_parameters=False,
-        average_tokens_across_devices=True,
-        # Trainer's and SFTConfig's defaults differ (SFTConfig turns it on): every burst follows the run's setting.
-        activation_checkpointing=settings.gradient_checkpointing,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=settings.device == "cuda",
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-    )
-
-
 def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecorder, memory_recorder: MemoryRecorder,
-                     collator_name: str, attention: str, settings: BurstSettings) -> Result:
+                     spec: CollatorSpec, attention: str, settings: BurstSettings) -> Result:
     """Trains, then turns what the callbacks recorded into this rank's `Result`."""
     trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
     trainer.train()
-    memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0], collator_name,
+    memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0], spec,
                                                        attention, settings)
     steps_done = len(recorder.step_times_s)
     return Result(
-        collator=collator_name,
+        collator=spec.name,
         attention=attention,
         device=settings.device,
         precision=settings.precision,
@@ -264,26 +201,22 @@ def release_memory() -> None:
         trim(0)
 
 
-def run_burst(source: ModelSource, examples: list[list[int]], collator_name: str, attention: str,
+def run_burst(source: ModelSource, examples: list[list[int]], spec: CollatorSpec, attention: str,
               settings: BurstSettings, progress: ProgressFn | None = None,
               stop_event: threading.Event | None = None) -> Result:
+    """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names."""
     model = source.build(attention, torch.float32, seed=settings.seed)
-    model.config.use_cache = False  # a cache turns packing detection off (FIELD_NOTES)
-    collator = make_collator(collator_name, source.tokenizer)
-    recorder = StepRecorder(collator, settings.device, settings.steps, collator_name, progress, stop_event)
-    memory_recorder = MemoryRecorder(model, settings.device)
-    optimizer = _make_optimizer(model, settings)
-    sampling = "group_by_length" if collator_name == "padded-grouped" else "sequential"
+    # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
+    # to True even in train mode: without this a packed batch would attend across examples.
+    model.config.use_cache = False
+    optimizer = make_optimizer(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
-        trainer = RecordingTrainer(
-            model=model,
-            args=TrainingArguments(**training_arguments(settings, output_dir, sampling), remove_unused_columns=False),
-            train_dataset=training_dataset(examples, collator_name, settings.max_length),
-            data_collator=collator,
-            callbacks=[recorder, memory_recorder],
-            optimizers=(optimizer, None),
-        )
-        result = train_and_record(trainer, source, recorder, memory_recorder, collator_name, attention, settings)
+        trainer, collator = build_trainer(spec, model, source.tokenizer, examples, settings, output_dir, optimizer)
+        recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
+        memory_recorder = MemoryRecorder(model, settings.device)
+        trainer.add_callback(recorder)
+        trainer.add_callback(memory_recorder)
+        result = train_and_record(trainer, source, recorder, memory_recorder, spec, attention, settings)
     del trainer, model, optimizer, memory_recorder
     release_memory()
     return merge_ranks(result)

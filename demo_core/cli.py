@@ -10,10 +10,12 @@ import sys
 
 from . import distributed
 from .attention import capability_table
-from .config import ATTENTION_NAMES, COLLATOR_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, DEVICE_NAMES, RunConfig
+from .collators import collator_names
+from .config import ATTENTION_NAMES, DEVICE_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, RunConfig
 from .engine import run_comparison
 from .errors import DemoInputError
 from .models import PRESETS
+from .report import format_report, text_table
 from .results import write_json
 
 
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "or a hub dataset id")
     compare.add_argument("--samples", default=defaults.samples, help="examples to sample from the dataset")
     compare.add_argument("--collators", default=",".join(defaults.collators),
-                         help=f"comma list of: {', '.join(COLLATOR_NAMES)}")
+                         help=f"comma list of: {', '.join(collator_names())}")
     compare.add_argument("--steps", default=defaults.steps, help="optimizer steps per collator (step 1 is warm-up)")
     compare.add_argument("--batch-size", default=defaults.batch_size, help="examples per step (bfd: packed rows)")
     compare.add_argument("--attention", default=defaults.attention, choices=ATTENTION_NAMES)
@@ -47,55 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     caps = commands.add_parser("capabilities", help="which attention path works for which model family and device")
     caps.add_argument("--models", default="tiny-llama,tiny-mistral,tiny-qwen2,tiny-gemma,tiny-phi3,tiny-granite,tiny-gpt2")
     return parser
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.rjust(width) if i else cell.ljust(width) for i, (cell, width)
-                               in enumerate(zip(row, widths))) for row in rows)
-
-
-def format_report(document: dict) -> str:
-    stats = document["dataset_stats"]
-    config = document["config"]
-    lines = [
-        f"model {config['model']}  attention {config['resolved_attention']}  device {config['resolved_device']}  "
-        f"precision {config['resolved_precision']}",
-        f"dataset {stats['name']}: {stats['count']} examples, mean {stats['mean']:.0f} tokens, "
-        f"p50 {stats['p50']:.0f}, p90 {stats['p90']:.0f}, p99 {stats['p99']:.0f}, max {stats['max']}",
-        "",
-    ]
-    rows = [["collator", "steps", "pad frac", "tokens/s", "samples/s", "step ms", "speedup", "ideal", "max |Δloss|",
-             "final loss"]]
-    for result in document["results"]:
-        entry = document["comparison"][result["collator"]]
-        speedup = entry["speedup_vs_padded"]
-        diff = entry["max_abs_loss_diff_vs_padded"]
-        rows.append([
-            result["collator"] + (" (partial)" if result["partial"] else ""), str(result["steps"]),
-            f"{result['pad_fraction']:.1%}", f"{result['tokens_per_s']:.0f}", f"{result['samples_per_s']:.1f}",
-            f"{result['step_time_median_s'] * 1000:.0f}", "-" if speedup is None else f"{speedup:.2f}x",
-            f"{entry['ideal_speedup']:.2f}x", "-" if diff is None else f"{diff:.1e}",
-            f"{result['losses'][-1]:.4f}" if result["losses"] else "-",
-        ])
-    lines.append(_table(rows))
-    world_size = document["environment"].get("world_size", 1)
-    if world_size > 1:
-        lines.append(f"{world_size} processes (DDP), {config['batch_size'] // world_size} examples each per step: "
-                     "tokens/s and samples/s are the aggregate; per process tokens/s:")
-        lines += [f"  {result['collator']}: {' / '.join(f'{rate:.0f}' for rate in result['tokens_per_s_per_device'])}"
-                  for result in document["results"]]
-    contamination = document["contamination"]
-    if contamination:
-        lines.append("")
-        lines.append(
-            f"contamination check ({len(contamination)} examples): max |Δlogit| vs each example alone: "
-            f"flatten {max(r['flatten_max_abs_logit_diff'] for r in contamination):.1e}, "
-            f"naive-concat {max(r['naive_concat_max_abs_logit_diff'] for r in contamination):.1e}"
-        )
-    for note in stats.get("notes", []):
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
 
 
 def _compare(args) -> None:
@@ -121,7 +74,7 @@ def _capabilities(args) -> None:
     rows = [["model", "attention", "device", "works", "why"]]
     rows += [[r["model"], r["attention"], r["device"], "yes" if r["works"] else "no", r["why"]]
              for r in capability_table(configs)]
-    print(_table(rows))
+    print(text_table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Collators: one small class per batching strategy, each built on a library collator, each reporting its batch.
 
 Every collator returns the model's keys (documented per class) and records a `BatchStats` for each batch it
-builds, so the burst can attribute real tokens and slots to the step that consumed them.
+builds, so the burst can attribute real tokens and slots to the step that consumed them. `COLLATORS`, at the end, is
+the registry: one `CollatorSpec` per name the engine, the CLI and the page offer.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ class BatchStats:
 class RecordingCollator:
     """Base: subclasses implement `collate`; calls are timed and their stats queued for the burst to read."""
 
-    name = ""
-
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
         self.pending_stats: deque[BatchStats] = deque()
@@ -62,7 +61,6 @@ class PaddedCollator(RecordingCollator):
     Returns `input_ids` and `attention_mask` (B, L_max) and `labels` (B, L_max) with -100 on padding.
     """
 
-    name = "padded"
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         super().__init__(tokenizer)
@@ -82,7 +80,6 @@ class FlattenCollator(RecordingCollator):
     varlen kernels; `seq_idx` (1, Σ lengths). No `attention_mask`: its absence is what turns packing on.
     """
 
-    name = "flatten"
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         super().__init__(tokenizer)
@@ -102,7 +99,6 @@ class NaiveConcatCollator(RecordingCollator):
     `flatten`: the only difference left is the contamination.
     """
 
-    name = "naive-concat"
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         super().__init__(tokenizer)
@@ -121,7 +117,6 @@ class PackedRowsCollator(FlattenCollator):
     rows is one padding-free row of up to B x max_length tokens.
     """
 
-    name = "bfd"
 
     def collate(self, features):
         examples = []
@@ -133,14 +128,89 @@ class PackedRowsCollator(FlattenCollator):
         return super().collate(examples)
 
 
-COLLATOR_CLASSES = {
-    "padded": PaddedCollator,
-    "padded-grouped": PaddedCollator,  # same batches; the Trainer's group-by-length sampler changes the order
-    "flatten": FlattenCollator,
-    "naive-concat": NaiveConcatCollator,
-    "bfd": PackedRowsCollator,
-}
+# ---- the registry: one entry per collator the engine, the CLI and the page offer ------------------------------
+
+LAYOUTS = ("padded", "packed", "naive")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollatorSpec:
+    """Everything the engine, the CLI, the page and the plots know about one collator. No other module compares
+    collator names: they read these fields. Adding a collator is one entry in `COLLATORS` plus its collate class.
+
+    layout       what one step's batch looks like to the model:
+                 "padded"  B rows padded to the longest, a 2-D attention mask
+                 "packed"  one row, `position_ids` restart per example (needs a model that takes position_ids)
+                 "naive"   one row, no restarts: attention runs across examples (the contaminated baseline)
+    packed_rows  the data is first packed into rows of at most max_length by TRL's best-fit-decreasing, and the
+                 batch size counts rows: other batches than padded's (so losses differ by design)
+    sampler      the Trainer's `train_sampling_strategy` ("group_by_length" reorders: other batches too)
+    trainer      "trainer": transformers' Trainer with `collate`; "sft": TRL's SFTTrainer with its own collator
+                 (`collate` then only draws the batch TRL builds, for the page's picture)
+    loss_parity  claims the same per-step losses as `padded` (same batches, exact packing): tests hold it to that
+    """
+
+    name: str
+    label: str
+    why: str
+    layout: str
+    collate: type[RecordingCollator]
+    packed_rows: bool = False
+    sampler: str = "sequential"
+    trainer: str = "trainer"
+    loss_parity: bool = False
+    color: str = "#333333"
+    linestyle: str | tuple = "-"
+
+    @property
+    def needs_position_ids(self) -> bool:
+        return self.layout == "packed"
+
+    @property
+    def same_batches_as_padded(self) -> bool:
+        """Same examples in every step as `padded`: only then are speed and loss a like-for-like comparison."""
+        return not self.packed_rows and self.sampler == "sequential"
+
+
+# The collator every other one is compared against (speedup, loss difference, peak memory).
+BASELINE = "padded"
+
+COLLATORS: dict[str, CollatorSpec] = {spec.name: spec for spec in (
+    CollatorSpec("padded", "padded: pad every example to the batch's longest",
+                 "pads every example to the batch's longest: the baseline; its padding is computed and thrown away",
+                 "padded", PaddedCollator, loss_parity=True, color="#8c8c8c", linestyle="-"),
+    CollatorSpec("flatten", "flatten: padding-free, one row, positions restart (the blog's method)",
+                 "the same examples in one row, positions restarting per example: no padding, identical loss",
+                 "packed", FlattenCollator, loss_parity=True, color="#4e79a7", linestyle="--"),
+    CollatorSpec("naive-concat", "naive-concat: one row, no restarts (contaminated baseline)",
+                 "one row without restarts: every example attends to the ones before it, so its loss is wrong",
+                 "naive", NaiveConcatCollator, color="#e15759", linestyle=":"),
+    CollatorSpec("bfd", "bfd: TRL best-fit-decreasing packed rows, then flattened",
+                 "packs the whole dataset into full rows first: other batches (loss differs by design), fewer "
+                 "steps' worth of padding, more tokens per step",
+                 "packed", PackedRowsCollator, packed_rows=True, color="#59a14f", linestyle="-."),
+    CollatorSpec("padded-grouped", "padded-grouped: padded, batches grouped by length",
+                 "padded, but batches of similar lengths: less padding, yet other batches (loss differs by design)",
+                 "padded", PaddedCollator, sampler="group_by_length", color="#b07aa1", linestyle=(0, (6, 2))),
+    CollatorSpec("trl-padding-free", "trl-padding-free: TRL SFTTrainer, padding_free=True (the blog's second recipe)",
+                 "TRL's own trainer and collator, padding-free: the same batches and loss as flatten",
+                 "packed", FlattenCollator, trainer="sft", loss_parity=True, color="#f28e2b",
+                 linestyle=(0, (3, 1, 1, 1))),
+    CollatorSpec("trl-bfd", "trl-bfd: TRL SFTTrainer, packing with best-fit-decreasing",
+                 "TRL's trainer packing best-fit-decreasing: the same batches as bfd",
+                 "packed", PackedRowsCollator, packed_rows=True, trainer="sft", color="#9c755f",
+                 linestyle=(0, (1, 1))),
+)}
+
+
+def collator_names() -> tuple[str, ...]:
+    return tuple(COLLATORS)
+
+
+def collator_spec(name: str) -> CollatorSpec:
+    return COLLATORS[name]
 
 
 def make_collator(name: str, tokenizer: PreTrainedTokenizerBase) -> RecordingCollator:
-    return COLLATOR_CLASSES[name](tokenizer)
+    """The collate class that builds `name`'s batches (for the SFTTrainer ones: the batches TRL builds)."""
+    return COLLATORS[name].collate(tokenizer)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from .collators import collator_names
 from .errors import DemoInputError
 
-COLLATOR_NAMES = ("padded", "flatten", "naive-concat", "bfd", "padded-grouped", "trl-padding-free", "trl-bfd")
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")
@@ -48,11 +48,12 @@ def parse_collators(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     """Accepts "padded,flatten" or a list; keeps the order given, drops repeats."""
     items = value.split(",") if isinstance(value, str) else list(value)
     names = tuple(dict.fromkeys(item.strip() for item in items if item and item.strip()))
+    known = collator_names()
     if not names:
-        raise DemoInputError(f"choose at least one collator from: {', '.join(COLLATOR_NAMES)}")
-    unknown = [name for name in names if name not in COLLATOR_NAMES]
+        raise DemoInputError(f"choose at least one collator from: {', '.join(known)}")
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise DemoInputError(f"unknown collator {unknown[0]!r}; choose from: {', '.join(COLLATOR_NAMES)}")
+        raise DemoInputError(f"unknown collator {unknown[0]!r}; choose from: {', '.join(known)}")
     return names
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from .collators import make_collator
+from .collators import FlattenCollator, NaiveConcatCollator, RecordingCollator
 from .models import ModelSource
 
 
 @torch.no_grad()
-def _packed_logits(model, collator_name: str, tokenizer, examples: list[list[int]], device: str) -> torch.Tensor:
-    batch = make_collator(collator_name, tokenizer)([{"input_ids": ids} for ids in examples])
+def _packed_logits(model, collator: RecordingCollator, examples: list[list[int]], device: str) -> torch.Tensor:
+    batch = collator([{"input_ids": ids} for ids in examples])
     inputs = {key: value.to(device) if torch.is_tensor(value) else value
               for key, value in batch.items() if key != "labels"}
     return model(**inputs, use_cache=False).logits[0].float()
@@ -25,8 +25,8 @@ def _packed_logits(model, collator_name: str, tokenizer, examples: list[list[int
 def contamination_check(source: ModelSource, attention: str, examples: list[list[int]], device: str,
                         seed: int) -> list[dict]:
     model = source.build(attention, torch.float32, seed=seed).to(device).eval()
-    flat = _packed_logits(model, "flatten", source.tokenizer, examples, device)
-    naive = _packed_logits(model, "naive-concat", source.tokenizer, examples, device)
+    flat = _packed_logits(model, FlattenCollator(source.tokenizer), examples, device)
+    naive = _packed_logits(model, NaiveConcatCollator(source.tokenizer), examples, device)
     rows, start = [], 0
     for index, ids in enumerate(examples):
         alone = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0].float()

@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from .errors import DemoInputError
+from .errors import DemoInputError, offline_hint
 
 BUILTIN_DATASETS = ("flan-like", "orcamath-like")
 
@@ -164,8 +163,7 @@ def hub_texts(dataset_id: str) -> list[str]:
     try:
         dataset = datasets.load_dataset(dataset_id, split="train")
     except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = " (offline: only datasets already in the local cache can be used)" if offline else ""
+        hint = offline_hint("datasets")
         raise DemoInputError(
             f"cannot load dataset {dataset_id!r}{hint}: not a built-in ({', '.join(BUILTIN_DATASETS)}), "
             f"not an existing file, and not a loadable hub dataset ({type(error).__name__})"

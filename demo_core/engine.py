@@ -1,12 +1,16 @@
-"""run_comparison: the same examples, in the same order, from the same initial weights, once per collator.
+"""A run's lifecycle: `prepare` once, then `preview` and `run_comparison` on the same `Prepared` run.
 
-Also `preview`: the numbers the app shows before any training (length statistics, the first batch under each
-collator, the cost of padding and of attention), computed from the tokenized data alone.
+`prepare(config)` validates the config, loads the model source (config + tokenizer; weights are built per burst)
+and tokenizes the data: the expensive, fallible part, done once per run. `preview(prepared)` gives the numbers the
+page shows before any training (length statistics, the first batch under each collator, the cost of padding and of
+attention); `run_comparison(prepared)` trains every collator on the same examples, in the same order, from the
+same initial weights. Both also accept a `RunConfig` and prepare it themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import threading
 from typing import Callable
@@ -16,18 +20,14 @@ import transformers
 
 from . import data, distributed
 from .attention import resolve_attention
-from .burst import BurstSettings, ProgressFn, release_memory, run_burst, training_dataset
-from .collators import make_collator
+from .burst import BurstSettings, ProgressFn, release_memory, run_burst
+from .collators import CollatorSpec, collator_spec
 from .config import Limits, RunConfig
 from .contamination import contamination_check
 from .errors import DemoInputError
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
 from .results import Comparison, Result
-from .trl_path import SAME_BATCHES_AS, TRL_COLLATORS, run_trl_burst
-
-
-# Collators whose rows hold several examples and need per-example position restarts.
-PACKING_COLLATORS = ("flatten", "bfd", "trl-padding-free", "trl-bfd")
+from .trainers import training_dataset
 
 
 def resolve_device(requested: str) -> str:
@@ -70,7 +70,7 @@ def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_
 
 @dataclasses.dataclass
 class Prepared:
-    """A validated run, its model source and its tokenized data: what both `preview` and `run_comparison` need."""
+    """A validated run, its model source and its tokenized data: what preview, training and the page share."""
 
     config: RunConfig
     source: ModelSource
@@ -78,6 +78,39 @@ class Prepared:
     device: str
     precision: str
     attention: str
+
+    @property
+    def specs(self) -> list[CollatorSpec]:
+        return [collator_spec(name) for name in self.config.collators]
+
+    @property
+    def examples(self) -> list[list[int]]:
+        return self.dataset.examples
+
+    @functools.cached_property
+    def ideal_speedup(self) -> float:
+        return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size())
+
+    def burst_settings(self) -> BurstSettings:
+        config = self.config
+        return BurstSettings(
+            steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
+            learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
+            device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
+        )
+
+    def comparison(self, results: list[Result], contamination: list[dict] | None = None) -> Comparison:
+        """The run's document so far: partial while a collator is missing or was stopped mid-burst."""
+        return Comparison(
+            config={**self.config.to_dict(), "resolved_attention": self.attention, "resolved_device": self.device,
+                    "resolved_precision": self.precision},
+            dataset_stats=self.dataset.stats_dict(),
+            results=list(results),
+            ideal_speedup=self.ideal_speedup,
+            contamination=contamination or [],
+            environment=environment(self.device),
+            partial=any(result.partial for result in results) or len(results) < len(self.config.collators),
+        )
 
 
 def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
@@ -90,7 +123,7 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
     positions = max_positions(source.config)
     if positions is not None and config.max_length > positions:
         raise DemoInputError(f"max length {config.max_length} exceeds what {config.model} supports ({positions})")
-    packing = [name for name in config.collators if name in PACKING_COLLATORS]
+    packing = [name for name in config.collators if collator_spec(name).needs_position_ids]
     if packing and not accepts_position_ids(source.config):
         raise DemoInputError(
             f"{source.family} models take no position_ids, so {', '.join(packing)} cannot restart positions per "
@@ -102,6 +135,10 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
     return Prepared(config, source, dataset, device, precision, attention)
 
 
+def _prepared(run: RunConfig | Prepared, limits: Limits | None) -> Prepared:
+    return run if isinstance(run, Prepared) else prepare(run, limits)
+
+
 def environment(device: str) -> dict:
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
             "device": device, "cpu_threads": torch.get_num_threads(), "world_size": distributed.world_size()}
@@ -110,33 +147,34 @@ def environment(device: str) -> dict:
     return info
 
 
-def preview(config: RunConfig, limits: Limits | None = None) -> dict:
+def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
+    """The first batch this collator builds from the run's data, with what the page draws of it."""
+    config, examples = prepared.config, prepared.examples
+    if spec.packed_rows:
+        rows = training_dataset(examples, spec, config.max_length)[: config.batch_size]
+        features = [{"input_ids": ids, "seq_lengths": lengths}
+                    for ids, lengths in zip(rows["input_ids"], rows["seq_lengths"])]
+    else:
+        features = [{"input_ids": ids} for ids in examples[: config.batch_size]]
+    collator = spec.collate(prepared.source.tokenizer)
+    batch = collator(features)
+    stats = collator.pending_stats.popleft()
+    return {
+        **dataclasses.asdict(stats),
+        "pad_fraction": stats.pad_fraction,
+        "position_ids": batch["position_ids"][0].tolist() if "position_ids" in batch else None,
+        "labels": batch["labels"].tolist(),
+        "shape": list(batch["input_ids"].shape),
+        # packed rows only: the example lengths inside each row, for drawing the rows
+        "row_lengths": [list(row["seq_lengths"]) for row in features] if spec.packed_rows else None,
+    }
+
+
+def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
     """Numbers for the no-training views: length stats, the first batch per collator, cost preview."""
-    prepared = prepare(config, limits)
-    config, examples = prepared.config, prepared.dataset.examples
-    first = examples[: config.batch_size]
-    lengths = [len(ids) for ids in first]
-    batches = {}
-    for name in config.collators:
-        row_lengths = None  # bfd only: the example lengths inside each packed row, for drawing the rows
-        builder = SAME_BATCHES_AS.get(name, name)
-        if builder == "bfd":
-            rows = training_dataset(examples, "bfd", config.max_length)[: config.batch_size]
-            features = [{"input_ids": ids, "seq_lengths": lens} for ids, lens in zip(rows["input_ids"], rows["seq_lengths"])]
-            row_lengths = [list(lens) for lens in rows["seq_lengths"]]
-        else:
-            features = [{"input_ids": ids} for ids in first]
-        collator = make_collator(builder, prepared.source.tokenizer)
-        batch = collator(features)
-        stats = collator.pending_stats.popleft()
-        batches[name] = {
-            **dataclasses.asdict(stats),
-            "pad_fraction": stats.pad_fraction,
-            "position_ids": batch["position_ids"][0].tolist() if "position_ids" in batch else None,
-            "labels": batch["labels"].tolist(),
-            "shape": list(batch["input_ids"].shape),
-            "row_lengths": row_lengths,
-        }
+    prepared = _prepared(run, limits)
+    config, examples = prepared.config, prepared.examples
+    lengths = [len(ids) for ids in examples[: config.batch_size]]
     padded_costs = padded_step_costs(examples, config.batch_size, config.steps)
     return {
         "config": config.to_dict(),
@@ -144,7 +182,7 @@ def preview(config: RunConfig, limits: Limits | None = None) -> dict:
         "lengths": [len(ids) for ids in examples],
         "attention": prepared.attention,
         "device": prepared.device,
-        "batches": batches,
+        "batches": {spec.name: _first_batch(prepared, spec) for spec in prepared.specs},
         "cost": {
             "pad_fraction": 1.0 - sum(r for r, _ in padded_costs) / sum(s for _, s in padded_costs),
             "ideal_speedup": ideal_speedup(examples, config.batch_size, config.steps),
@@ -157,46 +195,38 @@ def preview(config: RunConfig, limits: Limits | None = None) -> dict:
     }
 
 
-def _run_burst_or_explain_oom(prepared: Prepared, examples, name: str, settings: BurstSettings,
+def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: BurstSettings,
                               progress: ProgressFn | None, stop_event: threading.Event | None) -> Result:
     """A burst that runs out of GPU memory becomes a user message; the memory is released for the next run."""
     try:
-        burst = run_trl_burst if name in TRL_COLLATORS else run_burst
-        return burst(prepared.source, examples, name, prepared.attention, settings, progress, stop_event)
+        return run_burst(prepared.source, prepared.examples, spec, prepared.attention, settings, progress, stop_event)
     except torch.OutOfMemoryError:
         pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
     release_memory()
     raise DemoInputError(
-        f"out of GPU memory while training {name!r} (batch size {settings.batch_size}, max length "
+        f"out of GPU memory while training {spec.name!r} (batch size {settings.batch_size}, max length "
         f"{settings.max_length}, {prepared.config.model}): try a smaller batch size or max length"
     )
 
 
-def run_comparison(config: RunConfig, limits: Limits | None = None, progress: ProgressFn | None = None,
+def run_comparison(run: RunConfig | Prepared, limits: Limits | None = None, progress: ProgressFn | None = None,
                    stop_event: threading.Event | None = None,
                    on_result: Callable[[Result], None] | None = None) -> Comparison:
     """Runs every requested collator and returns the comparison; `on_result` sees each result as it finishes."""
     try:
-        return _run_comparison(config, limits, progress, stop_event, on_result)
+        return _run_comparison(_prepared(run, limits), progress, stop_event, on_result)
     finally:
         release_memory()  # after a failed or stopped run too
 
 
-def _run_comparison(config: RunConfig, limits: Limits | None, progress: ProgressFn | None,
-                    stop_event: threading.Event | None, on_result: Callable[[Result], None] | None) -> Comparison:
-    prepared = prepare(config, limits)
-    config = prepared.config
-    settings = BurstSettings(
-        steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
-        learning_rate=config.learning_rate, optimizer=config.optimizer, precision=prepared.precision,
-        device=prepared.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
-    )
-    examples = prepared.dataset.examples
+def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event: threading.Event | None,
+                    on_result: Callable[[Result], None] | None) -> Comparison:
+    settings = prepared.burst_settings()
     results: list[Result] = []
-    for name in config.collators:
+    for spec in prepared.specs:
         if stop_event is not None and stop_event.is_set():
             break
-        result = _run_burst_or_explain_oom(prepared, examples, name, settings, progress, stop_event)
+        result = _run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event)
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -206,14 +236,6 @@ def _run_comparison(config: RunConfig, limits: Limits | None, progress: Progress
     contamination = []
     if distributed.is_main_process() and not stopped:
         contamination = contamination_check(prepared.source, prepared.attention,
-                                            examples[: min(config.batch_size, 8)], prepared.device, config.seed)
-    return Comparison(
-        config={**config.to_dict(), "resolved_attention": prepared.attention, "resolved_device": prepared.device,
-                "resolved_precision": prepared.precision},
-        dataset_stats=prepared.dataset.stats_dict(),
-        results=results,
-        ideal_speedup=ideal_speedup(examples, config.batch_size, config.steps, distributed.world_size()),
-        contamination=contamination,
-        environment=environment(prepared.device),
-        partial=any(result.partial for result in results) or len(results) < len(config.collators),
-    )
+                                            prepared.examples[: min(prepared.config.batch_size, 8)],
+                                            prepared.device, prepared.config.seed)
+    return prepared.comparison(results, contamination)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers import ByT5Tokenizer
 
-from .errors import DemoInputError
+from .errors import DemoInputError, offline_hint
 
 BYTE_VOCAB_SIZE = 384  # len(ByT5Tokenizer()): 256 bytes + 3 specials + 125 extra ids
 
@@ -173,8 +172,7 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
                 f"model {name_or_path!r} needs its own Python code to load (auto_map), and this app never runs "
                 f"code that comes with a model (trust_remote_code is off); use a model transformers supports natively"
             ) from None
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = " (offline: only models already in the local cache can be used)" if offline else ""
+        hint = offline_hint("models")
         raise DemoInputError(
             f"cannot load model {name_or_path!r}{hint}: it is not a preset ({', '.join(PRESETS)}), "
             f"a model folder, or a loadable hub id ({type(error).__name__})"

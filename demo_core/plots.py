@@ -17,12 +17,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-# One colour per collator, the same in every results figure.
-COLLATOR_COLORS = {"padded": "#8c8c8c", "padded-grouped": "#b07aa1", "flatten": "#4e79a7",
-                   "naive-concat": "#e15759", "bfd": "#59a14f"}
-# Different dashes so identical curves (padded and flatten losses) stay visible on top of each other.
-COLLATOR_LINESTYLES = {"padded": "-", "padded-grouped": (0, (6, 2)), "flatten": "--", "naive-concat": ":",
-                       "bfd": "-."}
+from .collators import BASELINE, collator_spec
+
+# Each collator's colour and line style come from its registry entry (the same in every figure); the line styles
+# differ so that identical curves (padded and flatten losses) stay visible on top of each other.
 EXAMPLE_COLORS = colormaps["tab10"].colors
 PAD_COLOR = "#dcdcdc"
 MASKED_COLOR = "#f0f0f0"  # computed then thrown away (dense mask)
@@ -133,7 +131,7 @@ def _draw_flattened(axes, positions_axes, batch: dict) -> None:
                              loc="left", fontsize=8.5)
 
 
-def _draw_bfd(axes, batch: dict, max_length: int) -> None:
+def _draw_packed_rows(axes, name: str, batch: dict, max_length: int) -> None:
     row_lengths = batch["row_lengths"]
     color = 0
     for row, lengths in enumerate(row_lengths):
@@ -148,7 +146,7 @@ def _draw_bfd(axes, batch: dict, max_length: int) -> None:
     axes.set_xlabel(f"token slot in a packed row of at most {max_length} (max length)", fontsize=8)
     axes.tick_params(axis="x", labelsize=8)
     axes.set_title(
-        f"bfd (TRL best-fit decreasing): {len(row_lengths)} packed rows holding {batch['examples']} examples, "
+        f"{name} (TRL best-fit decreasing): {len(row_lengths)} packed rows holding {batch['examples']} examples, "
         f"regrouped from the whole dataset (so not the examples above);\n"
         f"the model sees them flattened into 1 row × {batch['real_tokens']:,} tokens, like flatten",
         loc="left", fontsize=10)
@@ -204,10 +202,10 @@ _SCORE_FORMULAS = {"attention_scores_padded": "B·L²", "attention_scores_dense_
 def _panels_in_use(collators: list[str], attention: str) -> dict[str, list[str]]:
     """Which collator of this run computes which mask (the app highlights those panels)."""
     packed_panel = "varlen" if attention in ("varlen", "flash_attention_2") else "dense"
+    panel_of_layout = {"padded": "padded", "naive": "naive", "packed": packed_panel}
     in_use: dict[str, list[str]] = {}
     for name in collators:
-        panel = {"padded": "padded", "padded-grouped": "padded", "naive-concat": "naive"}.get(name, packed_panel)
-        in_use.setdefault(panel, []).append(name)
+        in_use.setdefault(panel_of_layout[collator_spec(name).layout], []).append(name)
     return in_use
 
 
@@ -234,7 +232,7 @@ def _draw_mask(axes, preview: dict, lengths: list[int], panel: str, title: str, 
     scores = preview["cost"][score_key]
     axes.set_title(f"{title}\n{_SCORE_FORMULAS[score_key]} = {scores:,} scores", fontsize=8.5)
     if used_by:
-        color = COLLATOR_COLORS.get(used_by[0], "black")
+        color = collator_spec(used_by[0]).color
         for spine in axes.spines.values():
             spine.set_edgecolor(color)
             spine.set_linewidth(3)
@@ -263,19 +261,21 @@ def batch_figure(preview: dict) -> Figure:
     the engine's batches when those collators are selected.
     """
     batches, config = preview["batches"], preview["config"]
-    # Every collator but bfd batches the same first examples; bfd regroups the whole dataset.
-    first = next((batch for name, batch in batches.items() if name != "bfd"), batches.get("bfd"))
-    lengths = first["lengths"]
-    padded = batches.get("padded") or batches.get("padded-grouped") or _padded_view(lengths)
-    flat = batches.get("flatten") or _flat_view(lengths)
-    bfd = batches.get("bfd")
+    specs = {name: collator_spec(name) for name in batches}
+    # Every collator but the packed-rows ones batches the same first examples; those regroup the whole dataset.
+    unpacked = [name for name, spec in specs.items() if not spec.packed_rows]
+    lengths = batches[unpacked[0]]["lengths"] if unpacked else batches[next(iter(batches))]["lengths"]
+    padded = next((batches[name] for name in unpacked if specs[name].layout == "padded"), _padded_view(lengths))
+    flat = next((batches[name] for name in unpacked if specs[name].layout == "packed"), _flat_view(lengths))
+    packed_rows = next((name for name, spec in specs.items() if spec.packed_rows), None)
     # Top to bottom: padded grid, flattened row, its position_ids, BFD rows if selected, then the four masks. The
     # layout is fixed in inches (spacer rows hold titles and axis labels) rather than solved by constrained layout,
     # which measures every text twice and doubled the time to the first picture.
     rows = [("space", 0.55), ("space", 0.35), ("padded", min(len(lengths), MAX_GRID_ROWS) * 0.28 + 0.3),
             ("space", 1.15), ("flat", 0.9), ("space", 0.35), ("positions", 0.8), ("space", 0.5)]
-    if bfd is not None:
-        rows += [("space", 0.6), ("bfd", len(bfd["row_lengths"]) * 0.28 + 0.3), ("space", 0.5)]
+    if packed_rows is not None:
+        row_count = len(batches[packed_rows]["row_lengths"])
+        rows += [("space", 0.6), ("packed_rows", row_count * 0.28 + 0.3), ("space", 0.5)]
     rows += [("space", 0.75), ("masks", 3.4), ("space", 1.0)]
     heights = [height for _, height in rows]
     figure = Figure(figsize=(16, sum(heights)), dpi=FIGURE_DPI)
@@ -284,8 +284,9 @@ def batch_figure(preview: dict) -> Figure:
     _draw_padded(figure.add_subplot(grid[slot["padded"]]), padded)
     flat_axes = figure.add_subplot(grid[slot["flat"]])
     _draw_flattened(flat_axes, figure.add_subplot(grid[slot["positions"]], sharex=flat_axes), flat)
-    if bfd is not None:
-        _draw_bfd(figure.add_subplot(grid[slot["bfd"]]), bfd, config["max_length"])
+    if packed_rows is not None:
+        _draw_packed_rows(figure.add_subplot(grid[slot["packed_rows"]]), packed_rows, batches[packed_rows],
+                          config["max_length"])
     masks = grid[slot["masks"]].subgridspec(1, len(_MASK_PANELS), wspace=0.35)
     in_use = _panels_in_use(config["collators"], preview["attention"])
     for index, (panel, title, score_key) in enumerate(_MASK_PANELS):
@@ -349,7 +350,7 @@ def throughput_figure(document: dict) -> Figure:
     axes = figure.add_subplot()
     names = [result["collator"] for result in results]
     rates = [result["tokens_per_s"] for result in results]
-    bars = axes.bar(range(len(results)), rates, color=[COLLATOR_COLORS.get(n, "#333333") for n in names],
+    bars = axes.bar(range(len(results)), rates, color=[collator_spec(n).color for n in names],
                     hatch=["//" if r.get("partial") else "" for r in results], edgecolor="white")
     for bar, result in zip(bars, results):
         entry = comparison[result["collator"]]
@@ -359,7 +360,7 @@ def throughput_figure(document: dict) -> Figure:
                   fontsize=11, fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
         axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2,
                   f"{result['samples_per_s']:.1f}\nsamples/s", ha="center", va="center", fontsize=8, color="white")
-    padded = next((r for r in results if r["collator"] == "padded"), None)
+    padded = next((r for r in results if r["collator"] == BASELINE), None)
     if padded is not None:
         ideal = padded["tokens_per_s"] * document["ideal_speedup"]
         axes.axhline(ideal, color="black", linestyle="--", linewidth=1)
@@ -383,10 +384,10 @@ def loss_figure(document: dict) -> Figure:
     for result in results:
         name = result["collator"]
         difference = document["comparison"][name]["max_abs_loss_diff_vs_padded"]
-        label = name if name == "padded" or difference is None else f"{name} (max |Δ| vs padded {difference:.1e})"
-        axes.plot(range(1, len(result["losses"]) + 1), result["losses"], color=COLLATOR_COLORS.get(name, "#333333"),
-                  linestyle=COLLATOR_LINESTYLES.get(name, "-"), linewidth=2 if name == "padded" else 1.6,
-                  marker="o" if name == "padded" else None, markersize=3, label=label)
+        baseline, spec = name == BASELINE, collator_spec(name)
+        label = name if baseline or difference is None else f"{name} (max |Δ| vs padded {difference:.1e})"
+        axes.plot(range(1, len(result["losses"]) + 1), result["losses"], color=spec.color, linestyle=spec.linestyle,
+                  linewidth=2 if baseline else 1.6, marker="o" if baseline else None, markersize=3, label=label)
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("training loss")
     axes.legend(fontsize=8)

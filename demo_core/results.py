@@ -1,4 +1,4 @@
-"""Result and Comparison: what a run returns, its JSON form (the contract in ARCHITECTURE.md), and the history store.
+"""Result and Comparison: what a run returns and its JSON form (the document the CLI writes and the API returns).
 
 JSON document: `config`, `dataset_stats`, `results` (one per collator), `comparison` (per collator: speedup vs
 padded, ideal speedup, loss difference vs padded), plus `contamination` and `environment`.
@@ -11,6 +11,8 @@ import json
 import os
 import statistics
 from pathlib import Path
+
+from .collators import BASELINE, collator_spec
 
 
 @dataclasses.dataclass
@@ -82,18 +84,14 @@ class Result:
             data[name] = getattr(self, name)
         return data
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "Result":
-        fields = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in fields})
-
 
 def compare(results: list[Result], ideal_speedup: float) -> dict:
     """Per collator: measured speedup and loss difference against `padded`, and the ideal from the data."""
-    padded = next((r for r in results if r.collator == "padded"), None)
+    padded = next((r for r in results if r.collator == BASELINE), None)
     comparison = {}
     for result in results:
-        entry = {"ideal_speedup": 1.0 if result.collator.startswith("padded") else ideal_speedup,
+        padded_layout = collator_spec(result.collator).layout == "padded"
+        entry = {"ideal_speedup": 1.0 if padded_layout else ideal_speedup,
                  "speedup_vs_padded": None, "ratio_to_ideal": None, "max_abs_loss_diff_vs_padded": None,
                  "peak_memory_vs_padded": None}
         if padded is not None:
@@ -130,12 +128,6 @@ class Comparison:
             "environment": self.environment,
             "partial": self.partial,
         }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Comparison":
-        return cls(data["config"], data["dataset_stats"], [Result.from_dict(r) for r in data["results"]],
-                   data["ideal_speedup"], data.get("contamination", []), data.get("environment", {}),
-                   data.get("partial", False))
 
 
 def write_json(document: dict, path: str | os.PathLike) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from demo_core import RunConfig, preview, run_comparison
 from demo_core.burst import BurstSettings
-from demo_core.trl_path import _sft_config
+from demo_core.collators import COLLATORS
+from demo_core.trainers import sft_config
 
 TOLERANCE = 1e-4
 
@@ -48,8 +49,8 @@ def test_trl_results_report_every_metric_a_burst_does(document):
 def test_sft_config_follows_the_run_not_trl_defaults(tmp_path, checkpointing):
     settings = BurstSettings(steps=1, batch_size=2, max_length=128, learning_rate=1e-3, optimizer="adamw",
                              precision="fp32", device="cpu", seed=0, gradient_checkpointing=checkpointing)
-    padding_free = _sft_config("trl-padding-free", str(tmp_path), settings)
-    bfd = _sft_config("trl-bfd", str(tmp_path), settings)
+    padding_free = sft_config(COLLATORS["trl-padding-free"], str(tmp_path), settings)
+    bfd = sft_config(COLLATORS["trl-bfd"], str(tmp_path), settings)
     # SFTConfig defaults to checkpointing on; padding-free without packing refuses a max_length.
     assert padding_free.activation_checkpointing is bfd.activation_checkpointing is checkpointing
     assert (padding_free.padding_free, padding_free.packing, padding_free.max_length) == (True, False, None)
