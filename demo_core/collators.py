@@ -186,8 +186,8 @@ COLLATORS: dict[str, CollatorSpec] = {spec.name: spec for spec in (
                  "one row without restarts: every example attends to the ones before it, so its loss is wrong",
                  "naive", NaiveConcatCollator, color="#e15759", linestyle=":"),
     CollatorSpec("bfd", "bfd: TRL best-fit-decreasing packed rows, then flattened",
-                 "packs the whole dataset into full rows first: other batches (loss differs by design), fewer "
-                 "steps' worth of padding, more tokens per step",
+                 "packs the whole dataset into full rows of max length first, then flattens a batch of rows: other "
+                 "batches than padded's (the loss differs by design) and more tokens per step",
                  "packed", PackedRowsCollator, packed_rows=True, color="#59a14f", linestyle="-."),
     CollatorSpec("padded-grouped", "padded-grouped: padded, batches grouped by length",
                  "padded, but batches of similar lengths: less padding, yet other batches (loss differs by design)",

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from . import data, distributed
-from .attention import resolve_attention
+from .attention import capability, resolve_attention
 from .burst import BurstSettings, ProgressFn, release_memory, run_burst
 from .collators import CollatorSpec, collator_spec
 from .config import Limits, RunConfig
@@ -48,13 +48,14 @@ def resolve_precision(requested: str, device: str) -> str:
 
 
 def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) -> list[tuple[int, int]]:
-    """(real tokens, padded slots) per step for padding to the batch's longest, reading the data in order."""
+    """(real tokens, padded slots) per step for padding to the batch's longest, batching as the Trainer does:
+    in order, epoch after epoch, the last batch of an epoch holding what is left (no wrap-around into the next)."""
+    batches_per_epoch = -(-len(examples) // batch_size)
     costs = []
     for step in range(steps):
-        start = (step * batch_size) % len(examples)
-        batch = [examples[(start + i) % len(examples)] for i in range(batch_size)]
-        lengths = [len(ids) for ids in batch]
-        costs.append((sum(lengths), batch_size * max(lengths)))
+        start = (step % batches_per_epoch) * batch_size
+        lengths = [len(ids) for ids in examples[start:start + batch_size]]
+        costs.append((sum(lengths), len(lengths) * max(lengths)))
     return costs
 
 
@@ -132,6 +133,9 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
     attention = resolve_attention(config.attention, source.config, device)
     dataset = data.load(config.dataset, source.tokenizer, config.samples, config.seed, config.max_length,
                         limits.max_upload_bytes)
+    if config.batch_size > len(dataset.examples):
+        dataset.notes.append(f"batch size {config.batch_size} is more than the {len(dataset.examples)} examples: "
+                             f"every step trains on all {len(dataset.examples)}")
     return Prepared(config, source, dataset, device, precision, attention)
 
 
@@ -181,6 +185,7 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
         "dataset_stats": prepared.dataset.stats_dict(),
         "lengths": [len(ids) for ids in examples],
         "attention": prepared.attention,
+        "attention_why": capability(prepared.source.config, prepared.attention, prepared.device)[1],
         "device": prepared.device,
         "batches": {spec.name: _first_batch(prepared, spec) for spec in prepared.specs},
         "cost": {

@@ -26,6 +26,7 @@ PAD_COLOR = "#dcdcdc"
 MASKED_COLOR = "#f0f0f0"  # computed then thrown away (dense mask)
 LEAK_COLOR = "#7a0019"  # attention to another example (naive concat)
 LABEL_MASK_COLOR = "black"
+MB = 1e6  # memory is shown in MB (10^6 bytes), as the tables do
 MEMORY_CATEGORY_COLORS = {"weights": "#4e79a7", "gradients": "#59a14f", "optimizer": "#e15759",
                           "activations": "#b07aa1", "temporary": "#edc948", "context": "#76b7b2"}
 
@@ -35,6 +36,7 @@ MAX_GRID_ROWS = 16  # a batch of 64 would be 64 hairlines
 FIGURE_DPI = 80  # about the width the page gives a figure; more pixels only cost encoding time
 MASK_PIXELS = 360  # a packed row of T tokens has a T x T mask; draw it sampled at this many pixels per side
 ALL_LABELS_UP_TO = 12  # label every boundary up to this many examples, then only some
+MASK_TICKS = 7  # a mask panel is ~3 inches wide: more boundary labels than this overlap at a readable size
 
 
 def _example_color(index: int):
@@ -46,11 +48,11 @@ def _example_cmap(count: int) -> ListedColormap:
     return ListedColormap([PAD_COLOR] + [_example_color(i) for i in range(count)])
 
 
-def _boundaries(cu_seqlens: list[int]) -> list[int]:
+def _boundaries(cu_seqlens: list[int], most: int = ALL_LABELS_UP_TO) -> list[int]:
     """The cu_seqlens values worth a label: all of them for a small batch, else an even spread plus the ends."""
-    if len(cu_seqlens) <= ALL_LABELS_UP_TO + 1:
+    if len(cu_seqlens) <= most + 1:
         return list(cu_seqlens)
-    picks = np.linspace(0, len(cu_seqlens) - 1, ALL_LABELS_UP_TO).round().astype(int)
+    picks = np.linspace(0, len(cu_seqlens) - 1, most).round().astype(int)
     return [cu_seqlens[i] for i in sorted(set(picks))]
 
 
@@ -224,13 +226,13 @@ def _draw_mask(axes, preview: dict, lengths: list[int], panel: str, title: str, 
     if panel == "varlen":
         for start, length in zip(boundaries[:-1], lengths):
             axes.add_patch(Rectangle((start, start), length, length, fill=False, edgecolor="black", linewidth=0.7))
-    ticks = _boundaries(boundaries)
-    axes.set_xticks(ticks, [str(t) for t in ticks], fontsize=6.5, rotation=90)
-    axes.set_yticks(ticks, [str(t) for t in ticks], fontsize=6.5)
-    axes.set_xlabel("key (attended token)", fontsize=7.5)
-    axes.set_ylabel("query token", fontsize=7.5)
+    ticks = _boundaries(boundaries, MASK_TICKS)
+    axes.set_xticks(ticks, [str(t) for t in ticks], fontsize=8, rotation=90)
+    axes.set_yticks(ticks, [str(t) for t in ticks], fontsize=8)
+    axes.set_xlabel("key (attended token)", fontsize=8.5)
+    axes.set_ylabel("query token", fontsize=8.5)
     scores = preview["cost"][score_key]
-    axes.set_title(f"{title}\n{_SCORE_FORMULAS[score_key]} = {scores:,} scores", fontsize=8.5)
+    axes.set_title(f"{title}\n{_SCORE_FORMULAS[score_key]} = {scores:,} scores", fontsize=9.5)
     if used_by:
         color = collator_spec(used_by[0]).color
         for spine in axes.spines.values():
@@ -292,7 +294,7 @@ def batch_figure(preview: dict) -> Figure:
     for index, (panel, title, score_key) in enumerate(_MASK_PANELS):
         _draw_mask(figure.add_subplot(masks[index]), preview, lengths, panel, title, score_key, in_use.get(panel, []))
     figure.suptitle(
-        f"The first batch of {config['batch_size']} examples as each collator builds it, and the attention each "
+        f"The first batch ({len(lengths)} examples) as each collator builds it, and the attention each "
         f"path computes for it ({preview['attention']} attention on {preview['device']})",
         fontsize=12, x=0.01, y=1 - 0.15 / sum(heights), ha="left", va="top")
     figure.legend(
@@ -341,6 +343,13 @@ def _result_label(result: dict) -> str:
     return result["collator"] + ("\n(partial)" if result.get("partial") else "")
 
 
+def _collator_ticks(axes, positions: list[float], labels: list[str]) -> None:
+    """Collator names under their bars; slanted once there are more than a figure's width holds side by side."""
+    slanted = len(labels) > 4
+    axes.set_xticks(positions, labels, fontsize=8.5 if slanted else 10, rotation=30 if slanted else 0,
+                    ha="right" if slanted else "center", rotation_mode="anchor")
+
+
 def throughput_figure(document: dict) -> Figure:
     results = document["results"]
     if not results:
@@ -369,7 +378,7 @@ def throughput_figure(document: dict) -> Figure:
         axes.set_ylim(0, max(max(rates), ideal) * 1.18)
     else:
         axes.set_ylim(0, max(rates) * 1.18)
-    axes.set_xticks(range(len(results)), [_result_label(r) for r in results])
+    _collator_ticks(axes, list(range(len(results))), [_result_label(r) for r in results])
     axes.set_ylabel("real tokens per second (padding not counted)")
     axes.set_title("Throughput on the same examples, same steps\n(bar label: speedup over padded)", fontsize=10)
     return figure
@@ -390,63 +399,58 @@ def loss_figure(document: dict) -> Figure:
                   linewidth=2 if baseline else 1.6, marker="o" if baseline else None, markersize=3, label=label)
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("training loss")
+    # Identical curves span a tiny range; matplotlib would then label the axis "1e-7 + 5.93" instead of the loss.
+    axes.ticklabel_format(axis="y", useOffset=False)
+    axes.xaxis.get_major_locator().set_params(integer=True)
     axes.legend(fontsize=8)
     axes.set_title("Loss per step: correct packing trains exactly like padding\n"
                    "(naive concat differs: its examples see each other)", fontsize=10)
     return figure
 
 
-def _memory_bars(result: dict) -> list[tuple[str, dict, bool]]:
-    """(bar label, bytes per category, is estimate) for one collator."""
-    memory = result.get("memory") or {}
-    bars = []
-    if memory.get("estimate"):
-        bars.append((f"{result['collator']}\nestimate", memory["estimate"], True))
-    if memory.get("measured"):
-        bars.append((f"{result['collator']}\nmeasured", memory["measured"], False))
-    return bars
-
-
-def _total_error(memory: dict) -> str:
-    """The estimate's error on the categories that were measured, as the engine defines it: (est - meas) / meas."""
+def _memory_error_label(memory: dict) -> str:
+    """The estimate's error over the categories that were measured, as the engine defines it: (est - meas) / meas.
+    The asterisk points at the title, which names the categories left out."""
     measured = {category: value for category, value in (memory.get("measured") or {}).items() if value is not None}
     estimate = sum(memory.get("estimate", {}).get(category, 0) for category in measured)
     total = sum(measured.values())
-    return f"\nest. {(estimate - total) / total:+.0%}" if estimate and total else ""
+    return f"est. {(estimate - total) / total:+.0%}*" if estimate and total else ""
 
 
 def memory_figure(document: dict) -> Figure:
-    results = document["results"]
-    bars = [(result, bar) for result in results for bar in _memory_bars(result)]
-    if not bars:
+    """Per collator a pair of stacked bars: the estimate (hatched) and the measurement (solid)."""
+    results = [result for result in document["results"] if (result.get("memory") or {}).get("estimate")]
+    if not results:
         return _text_figure("Memory breakdown: not available for this run.\n"
                             "(The engine returned no per-category memory numbers.)", 6.5, 4.6)
     figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
-    mib = 2 ** 20
-    not_measured = set()
-    collator_names = list(dict.fromkeys(result["collator"] for result, _ in bars))
-    # Estimate and measured of one collator side by side, a gap between collators.
-    positions = [index + 0.6 * collator_names.index(result["collator"]) for index, (result, _) in enumerate(bars)]
-    for position, (result, (label, categories, is_estimate)) in zip(positions, bars):
-        bottom = 0.0
-        for category, color in MEMORY_CATEGORY_COLORS.items():
-            value = categories.get(category)
-            if value is None:
-                not_measured.add(category)
-                continue
-            axes.bar(position, value / mib, bottom=bottom, color=color, hatch="//" if is_estimate else "",
-                     edgecolor="white", linewidth=0.5)
-            bottom += value / mib
-        axes.text(position, bottom, f"{bottom:,.1f}" + ("" if is_estimate else _total_error(result["memory"])),
-                  ha="center", va="bottom", fontsize=8)
-    axes.set_xticks(positions, [label for _, (label, _, _) in bars], fontsize=7.5)
-    axes.set_ylabel("MiB at the peak of a step")
+    not_measured: set[str] = set()
+    for index, result in enumerate(results):
+        memory = result["memory"]
+        top = 0.0
+        for offset, categories, is_estimate in ((-0.2, memory["estimate"], True), (0.2, memory.get("measured"), False)):
+            bottom = 0.0
+            for category, color in MEMORY_CATEGORY_COLORS.items():
+                value = (categories or {}).get(category)
+                if value is None:
+                    not_measured.add(category)
+                    continue
+                axes.bar(index + offset, value / MB, width=0.38, bottom=bottom, color=color, edgecolor="white",
+                         hatch="//" if is_estimate else "", linewidth=0.5)
+                bottom += value / MB
+            top = max(top, bottom)
+        measured_total = sum(v for v in (memory.get("measured") or {}).values() if v is not None) / MB
+        axes.text(index, top, f"{measured_total:,.1f} MB\n{_memory_error_label(memory)}", ha="center",
+                  va="bottom", fontsize=8)
+    _collator_ticks(axes, list(range(len(results))), [_result_label(result) for result in results])
+    axes.set_ylabel("MB at the peak of a step")
     handles = [Patch(color=color, label=category) for category, color in MEMORY_CATEGORY_COLORS.items()]
-    handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (formula)"))
-    axes.legend(handles=handles, fontsize=7, ncols=2, loc="upper right")
-    note = f"; not measurable here: {', '.join(sorted(not_measured))}" if not_measured else ""
+    handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (left bar)"))
+    axes.legend(handles=handles, fontsize=7.5, ncols=2, loc="upper left")
+    note = (f"\n* error over the measured categories ({', '.join(sorted(not_measured))} not measurable here)"
+            if not_measured else "")
     axes.set_title(f"Memory at the peak of a training step, per category\n"
-                   f"(hatched: estimate; solid: measured{note})", fontsize=10)
-    axes.set_ylim(0, axes.get_ylim()[1] * 1.25)  # room for the legend above the tallest bar
+                   f"(left, hatched: estimate; right, solid: measured){note}", fontsize=9.5)
+    axes.set_ylim(0, axes.get_ylim()[1] * 1.45)  # room for the legend above the tallest bar
     return figure

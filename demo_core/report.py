@@ -15,19 +15,30 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
-from .collators import BASELINE
+from .collators import BASELINE, collator_spec
+
+
+def human_bytes(count: float) -> str:
+    """Bytes as people read them: 117,321,932 -> "117.3 MB" (decimal units, as GPU sizes are quoted)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(count) >= size:
+            return f"{count / size:,.1f} {unit}"
+    return f"{count:,.0f} B"
 
 
 @dataclasses.dataclass(frozen=True)
 class Column:
     header: str
     value: Callable[[dict, dict], Any]  # (result, its comparison entry) -> raw value (CSV), None when not defined
-    fmt: str  # display format of a value that is not None
+    fmt: str | Callable[[Any], str]  # display format of a value that is not None
     in_terminal: bool = True  # the CLI prints it (the page and the CSV show every column)
+    csv_header: str | None = None  # where the CSV's raw value has a unit the display header does not say
 
     def show(self, result: dict, entry: dict) -> str:
         value = self.value(result, entry)
-        return "–" if value is None else self.fmt.format(value)
+        if value is None:
+            return "–"
+        return self.fmt(value) if callable(self.fmt) else self.fmt.format(value)
 
 
 RESULT_COLUMNS = (
@@ -42,7 +53,7 @@ RESULT_COLUMNS = (
     Column("ideal speedup", lambda r, c: c["ideal_speedup"], "{:.2f}×"),
     Column("max |Δloss| vs padded", lambda r, c: c["max_abs_loss_diff_vs_padded"], "{:.1e}"),
     Column("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
-    Column("peak memory bytes", lambda r, c: r["peak_memory_bytes"], "{:,}", in_terminal=False),
+    Column("peak memory", lambda r, c: r["peak_memory_bytes"], human_bytes, csv_header="peak memory bytes"),
 )
 RESULT_HEADERS = [column.header for column in RESULT_COLUMNS]
 CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", "naive-concat max |Δlogit| vs alone"]
@@ -61,7 +72,7 @@ def results_csv(document: dict) -> str:
     """The results table with raw values (no rounding), one row per collator."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(RESULT_HEADERS)
+    writer.writerow([column.csv_header or column.header for column in RESULT_COLUMNS])
     writer.writerows([column.value(result, entry) for column in RESULT_COLUMNS] for result, entry in _rows(document))
     return buffer.getvalue()
 
@@ -88,8 +99,15 @@ def headline(document: dict, seconds: float | None = None) -> str:
                 else f"loss differs from padded by up to {difference:.2f}")
         lines.append(f"**{result['collator']}**: {entry['speedup_vs_padded']:.2f}× the padded throughput "
                      f"(ideal {entry['ideal_speedup']:.2f}×), {loss}")
-    if not lines:
+    selected = document["config"].get("collators", [])
+    finished = [result["collator"] for result in document["results"]]
+    if not lines and document.get("partial"):
+        missing = [name for name in selected if name not in finished]
+        lines.append(f"Stopped before {', '.join(missing) or 'the end'} finished: no speedup to compare yet.")
+    elif not lines:
         lines.append(f"Add `{BASELINE}` and a packing collator to see a speedup.")
+    if document.get("partial") and not document.get("contamination"):
+        lines.append("The contamination check was skipped: it runs only after a complete run.")
     status = "Stopped: partial results" if document.get("partial") else "Done"
     timing = f" in {seconds:.1f} s" if seconds is not None else ""
     return f"### {status}{timing}\n" + "\n".join(f"- {line}" for line in lines)
@@ -105,8 +123,10 @@ def run_summary(run_id: str, saved_at: str, document: dict) -> dict:
     """One saved run in a line: the `/history` API returns these, the page's history table shows them."""
     config = document.get("config", {})
     return {"run_id": run_id, "saved_at": saved_at,
-            **{key: config.get(key) for key in ("model", "dataset", "samples", "collators", "steps", "batch_size",
-                                                "seed", "max_length")},
+            **{key: config.get(key) for key in ("model", "dataset", "collators", "steps", "batch_size", "seed",
+                                                "max_length")},
+            # the examples the run used: fewer than asked for when the data had fewer
+            "samples": document.get("dataset_stats", {}).get("count", config.get("samples")),
             "attention": config.get("resolved_attention", config.get("attention")),
             "best_speedup": best_speedup(document),
             "partial": bool(document.get("partial"))}
@@ -133,7 +153,16 @@ def cost_markdown(preview: dict) -> str:
 | · padded B·L² | {cost['attention_scores_padded']:,} |
 | · dense packed mask (Σsᵢ)² | {cost['attention_scores_dense_packed']:,} |
 | optimizer steps per collator | {cost['optimizer_steps']} |
-| attention path, device | {preview['attention']}, {preview['device']} |{notes}"""
+| attention path, device | {preview['attention']}, {preview['device']} |{notes}
+
+{collator_notes(preview)}"""
+
+
+def collator_notes(preview: dict) -> str:
+    """What each selected collator and the attention path do to the numbers, one line each (from the registry)."""
+    lines = [f"- **{name}**: {collator_spec(name).why}" for name in preview["config"]["collators"]]
+    lines.append(f"- **{preview['attention']} attention**: {preview['attention_why']}")
+    return "\n".join(lines)
 
 
 # ---- the CLI's report ----------------------------------------------------------------------------------------------

@@ -86,3 +86,14 @@ def test_uncached_hub_id_offline_is_one_clear_error():
     # conftest.py runs the tests offline (HF_HUB_OFFLINE=1), as the app runs here
     with pytest.raises(DemoInputError, match="offline"):
         load_model_source("no-such-org/no-such-model-packing-lab")
+
+
+@pytest.mark.parametrize("samples, batch_size", [(20, 8), (5, 64)])
+def test_ideal_speedup_follows_the_trainers_batches_when_the_data_does_not_divide(samples, batch_size):
+    """Epochs end with a short batch (20 = 8 + 8 + 4), and a batch larger than the data holds all of it."""
+    config = RunConfig(samples=samples, collators=("padded",), steps=5, batch_size=batch_size, max_length=256)
+    document = run_comparison(config).to_dict()
+    padded = document["results"][0]
+    assert padded["step_examples"] == ([8, 8, 4, 8, 8] if batch_size == 8 else [5] * 5)
+    timed_slots, timed_real = sum(padded["step_padded_slots"][1:]), sum(padded["step_real_tokens"][1:])
+    assert document["ideal_speedup"] == pytest.approx(timed_slots / timed_real)

@@ -93,9 +93,19 @@ def test_loss_figure_draws_every_step_of_every_collator(document):
 def test_memory_figure_stacks_estimate_and_measured_or_says_why_not(document):
     figure = plots.memory_figure(document)
     _renders(figure)
-    memory = document["results"][0]["memory"]
-    estimate_mib = sum(memory["estimate"].values()) / 2 ** 20
-    assert f"{estimate_mib:,.1f}" in _texts(figure)
+    texts = _texts(figure)
+    bars = figure.axes[0].patches
+    for index, result in enumerate(document["results"]):
+        memory = result["memory"]
+        measured = {category: value for category, value in memory["measured"].items() if value is not None}
+        # Each collator's hatched bar stacks its estimate, its solid bar what was measured, centred on its tick.
+        estimate_height = sum(bar.get_height() for bar in bars
+                              if bar.get_hatch() and abs(bar.get_x() + bar.get_width() / 2 - (index - 0.2)) < 1e-6)
+        assert estimate_height == pytest.approx(sum(memory["estimate"].values()) / 1e6)
+        assert f"{sum(measured.values()) / 1e6:,.1f} MB" in texts
+        error = sum(memory["estimate"][category] for category in measured) / sum(measured.values()) - 1
+        assert f"est. {error:+.0%}*" in texts
+    assert "temporary not measurable here" in texts  # the unmeasured category is named, not silently dropped
     empty = {**document, "results": [{**result, "memory": {}} for result in document["results"]]}
     assert "not available" in _texts(plots.memory_figure(empty))
 

@@ -1,0 +1,86 @@
+"""The presentation shared by the CLI and the page: one set of columns and sentences, human units, honest labels."""
+
+import csv
+import io
+import json
+
+import pytest
+
+import demo_core
+from demo_core import plots, report
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    # 7 lines of data asked as 256 samples: the run uses 7, and everything that reports it must say 7.
+    data = tmp_path_factory.mktemp("data") / "seven.jsonl"
+    data.write_text("".join(json.dumps({"text": f"example {i} " + "word " * (3 + 9 * i)}) + "\n" for i in range(7)))
+    return demo_core.prepare(demo_core.RunConfig(dataset=str(data), samples=256, steps=3, batch_size=4,
+                                                 max_length=128, collators=("padded", "flatten")))
+
+
+@pytest.fixture(scope="module")
+def document(prepared):
+    return demo_core.run_comparison(prepared).to_dict()
+
+
+def test_tables_show_memory_in_human_units_and_the_csv_keeps_raw_bytes(document):
+    peak = document["results"][0]["peak_memory_bytes"]
+    row = report.results_table(document)[0]
+    assert row[report.RESULT_HEADERS.index("peak memory")] == f"{peak / 1e6:,.1f} MB"
+    assert f"{peak:,}" not in " ".join(row)
+    rows = list(csv.DictReader(io.StringIO(report.results_csv(document))))
+    assert int(rows[0]["peak memory bytes"]) == peak
+
+
+def test_cli_report_prints_the_page_tables_values(document):
+    printed = report.format_report(document)
+    terminal = [column for column in report.RESULT_COLUMNS if column.in_terminal]
+    for result, shown in zip(document["results"], report.results_table(document)):
+        line = next(line for line in printed.splitlines() if line.startswith(result["collator"]))
+        for column in terminal:
+            assert shown[report.RESULT_HEADERS.index(column.header)] in line
+
+
+def test_saved_run_summary_counts_the_examples_the_run_used(document):
+    summary = report.run_summary("abc", "2026-11-30T00:00:00+00:00", document)
+    assert document["config"]["samples"] == 256 and summary["samples"] == 7
+    assert report.history_row(summary)[report.HISTORY_HEADERS.index("samples")] == 7
+
+
+def test_a_run_stopped_in_its_first_collator_says_so_instead_of_asking_for_collators(prepared):
+    stopped = prepared.comparison([]).to_dict()
+    text = report.headline(stopped)
+    assert "Stopped before padded, flatten finished" in text
+    assert "Add `padded`" not in text and "contamination check was skipped" in text
+
+
+def test_the_preview_notes_say_why_for_every_collator_and_the_attention(prepared):
+    preview = demo_core.preview(prepared)
+    notes = report.collator_notes(preview)
+    for name in ("padded", "flatten"):
+        assert f"**{name}**: {demo_core.COLLATORS[name].why}" in notes
+    assert f"**{preview['attention']} attention**" in notes and "7 examples" in report.cost_markdown(preview)
+
+
+def test_loss_axis_shows_losses_not_an_offset_when_curves_coincide(document):
+    # One step each, as float rounding leaves them (3e-7 apart): the axis range is tiny next to the loss.
+    first_loss = document["results"][0]["losses"][0]
+    one_step = {**document, "results": [{**result, "losses": [first_loss + 3e-7 * index]}
+                                        for index, result in enumerate(document["results"])]}
+    figure = plots.loss_figure(one_step)
+    figure.canvas.draw()
+    shown = [float(label.get_text().replace("−", "-")) for label in figure.axes[0].get_yticklabels()
+             if label.get_text()]
+    # The tick labels are the losses themselves, not multiples of 1e-7 above an offset printed in a corner.
+    assert shown and all(abs(value - first_loss) < 1e-3 for value in shown), shown
+
+
+def test_batch_title_counts_the_examples_drawn(prepared):
+    preview = demo_core.preview(prepared)
+    texts = "\n".join(t.get_text() for t in plots.batch_figure(preview).findobj(lambda a: hasattr(a, "get_text")))
+    assert "The first batch (4 examples)" in texts
+
+
+def test_human_bytes():
+    assert [report.human_bytes(n) for n in (999, 117_321_932, 80e9)] == ["999 B", "117.3 MB", "80.0 GB"]
