@@ -15,7 +15,6 @@ are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -31,7 +30,7 @@ from demo_core import (ATTENTION_NAMES, BUILTIN_DATASETS, COLLATORS, OPTIMIZER_N
 from demo_core.stop import TIME_BUDGET  # noqa: E402
 from serving import downloads, gpu, history_view, runs, uploads  # noqa: E402
 from serving.errors import user_errors  # noqa: E402
-from serving.local_paths import check_local_path  # noqa: E402
+from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
 from serving.sessions import Session  # noqa: E402
 from serving.uploads import Upload  # noqa: E402
 
@@ -54,28 +53,10 @@ few real optimizer steps, and the page compares speed, loss and memory.
 """
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Inputs: a prepared run from the widgets or the API
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def prepare_inputs(upload: Upload | None, model, dataset, samples, collators, steps, batch_size, attention, seed,
-                   max_length=DEFAULTS.max_length, precision=DEFAULTS.precision,
-                   optimizer=DEFAULTS.optimizer) -> demo_core.Prepared:
-    """The one way the page and the API start a run or a preview. An uploaded file replaces the dataset field and is
-    recorded by its name (the engine adds size and SHA-256); everything else is validated by the engine."""
-    check_local_path(model, "model")
-    if upload is None:
-        check_local_path(dataset, "dataset", (".json", ".jsonl"))
-    config = RunConfig(model=model, dataset=dataset if upload is None else upload.name, samples=samples,
-                       collators=collators, steps=steps, batch_size=batch_size, attention=attention, seed=seed,
-                       max_length=max_length, precision=precision, optimizer=optimizer)
-    return demo_core.prepare(config, LIMITS, dataset_file=None if upload is None else upload.path)
-
-
-def config_from_document(document: dict) -> RunConfig:
-    names = {field.name for field in dataclasses.fields(RunConfig)}
-    return RunConfig(**{key: value for key, value in document["config"].items() if key in names})
+def prepare_inputs(upload: Upload | None, *fields) -> demo_core.Prepared:
+    """fields: model, dataset, samples, collators, steps, batch_size, attention, seed, max_length, precision,
+    optimizer."""
+    return prepare_from_inputs(LIMITS, upload, *fields)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -126,8 +107,8 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
     yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 9)
     steps, collator_count = prepared.config.steps, len(prepared.specs)
     total_steps, done = collator_count * steps, 0
-    progress((0, total_steps), desc="building the model and the first batch")
     with session.running(), contextlib.closing(runs.train_and_save(job, HISTORY, session, file)) as events:
+        progress((0, total_steps), desc="building the model and the first batch")
         for kind, *payload in events:
             if kind == gpu.STEP:
                 name, step, _ = payload
@@ -142,6 +123,9 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
                        report.results_table(partial), *[gr.skip()] * 5)
             else:
                 entry = payload[0]
+    if entry is None:  # stopped while it waited for the GPU
+        yield "Stopped before the first step: nothing to save.", *[gr.skip()] * 12, gr.skip() if file is None else None
+        return
     yield (_saved_status(entry, job, file), report.headline(entry.document, time.perf_counter() - started),
            *[gr.skip()] * 3, *_result_views(entry.document, entry.run_id), history_table(request),
            gr.skip() if file is None else None)
@@ -227,6 +211,8 @@ def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, sample
     job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
     with session.running():
         *_, (_, entry) = runs.train_and_save(job, HISTORY, session, file)
+    if entry is None:  # its time budget was spent before the first step (a GPU that took long to come)
+        raise demo_core.DemoInputError("the run stopped before its first step: nothing to return; try again")
     return entry.document
 
 

@@ -72,7 +72,9 @@ def plan(prepared: Prepared, history: RunHistory, limits: Limits, stop_marker,
 
 def train_and_save(job: gpu.TrainingJob, history: RunHistory, session: Session,
                    upload: Upload | None) -> Iterator[tuple]:
-    """Yields the GPU part's STEP and RESULT events, then (SAVED, entry). A run on an upload is private to `session`.
+    """Yields the GPU part's STEP and RESULT events, then (SAVED, entry), the entry None when the run was stopped
+    before its first step (on ZeroGPU: while it waited for a GPU): nothing to save. A run on an upload is private to
+    `session`.
 
     When the GPU part fails (an error, or ZeroGPU's "GPU task aborted" once it killed the worker) the last document it
     handed back is saved before the error is raised; when the consumer closes early (the page went away) a shared
@@ -102,4 +104,4 @@ def train_and_save(job: gpu.TrainingJob, history: RunHistory, session: Session,
     finally:
         if upload is not None:
             upload.delete()
-    yield SAVED, save()
+    yield SAVED, save() if document["results"] else None

@@ -157,6 +157,17 @@ def test_a_killed_worker_leaves_its_finished_collators_saved(lab_app, zerogpu):
     assert [(result["collator"], result["steps"]) for result in entry.document["results"]] == [("padded", 3)]
 
 
+def test_a_stop_while_waiting_for_the_gpu_ends_the_run_with_nothing_to_save(lab_app, zerogpu):
+    def on_progress(desc):
+        if desc == "building the model and the first batch":  # before the worker exists
+            assert lab_app.request_stop(request) == "Stopping after the current step…"
+
+    request, run = page_run(lab_app, f"zerogpu-early-{uuid.uuid4()}", 200, on_progress)
+    *_, final = run
+    assert final[0] == "Stopped before the first step: nothing to save." and not lab_app.HISTORY.entries()
+    assert len(zerogpu.requested_s) == 1 and zerogpu.kills == 0
+
+
 def test_a_run_predicted_past_the_cap_is_refused_with_the_steps_that_fit(lab_app, zerogpu, monkeypatch):
     monkeypatch.setenv(runs.MAX_RUN_ENV, "60")
     request, run = page_run(lab_app, f"zerogpu-refused-{uuid.uuid4()}", 1000)
