@@ -27,12 +27,12 @@ from .sessions import Session
 from .uploads import Upload
 
 MAX_RUN_ENV = "PACKING_LAB_MAX_RUN_S"
-# ZeroGPU's documentation asks for `duration=120` in its example of a function longer than the 60 s default; longer
-# requests may be refused depending on the visitor's quota. Raise it with PACKING_LAB_MAX_RUN_S.
+# ZeroGPU's README shows `duration=120` for a function longer than its 60 s default; what the scheduler grants beyond
+# that depends on the visitor's quota. An operator raises it with PACKING_LAB_MAX_RUN_S.
 ZEROGPU_DEFAULT_CAP_S = 120
 SAFETY = 1.5  # predictions of step time are rough (shared machines, first runs of a model on a device)
 WORKER_START_S = 10  # ZeroGPU: fork the worker, create its CUDA context, hand the last document back
-SAVED = "saved"  # train_and_save's last event: (SAVED, HistoryEntry)
+SAVED = "saved"  # train_and_save's last event: (SAVED, HistoryEntry, or None when nothing was saved)
 
 
 def run_time_cap_s() -> float | None:
