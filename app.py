@@ -2,48 +2,37 @@
 
 Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT move it). API endpoints for
 `gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
-both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length), and `/history` (the
-saved runs, one summary each).
+both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length, precision, optimizer,
+dataset_file); `/history` (the saved runs this client may see, one summary each) and `/delete_runs`.
 
-Limits come from the environment (`demo_core.Limits.from_env()`); local model and data paths typed into the page or
-the API must lie under PACKING_LAB_ALLOWED_ROOTS (default: the data dir and Gradio's upload folder); finished runs
+What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
+and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
+time plan and saving (`runs`). Limits come from the environment (`demo_core.Limits.from_env()`); local model and data
+paths typed into the page or the API must lie under PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs
 are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
+import contextlib
 import logging
 import os
-import queue
-import tempfile
-import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default: set before gradio is imported
 
 import gradio as gr  # noqa: E402
-from gradio.utils import get_upload_folder  # noqa: E402
 
 import demo_core  # noqa: E402
 from demo_core import (ATTENTION_NAMES, BUILTIN_DATASETS, COLLATORS, OPTIMIZER_NAMES, PRECISION_NAMES,  # noqa: E402
                        PRESETS, Limits, RunConfig, RunHistory, data_dir, plots, report)
-
-try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call; a no-op anywhere else
-    import spaces
-
-    on_gpu = spaces.GPU(duration=120)
-except ImportError:  # `spaces` is optional off Spaces
-
-    def on_gpu(fn):
-        return fn
-
-
-logger = logging.getLogger("packing_lab.app")
+from demo_core.stop import TIME_BUDGET  # noqa: E402
+from serving import downloads, gpu, history_view, runs, uploads  # noqa: E402
+from serving.errors import user_errors  # noqa: E402
+from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
+from serving.sessions import Session  # noqa: E402
+from serving.uploads import Upload  # noqa: E402
 
 LIMITS = Limits.from_env()
 HISTORY = RunHistory(data_dir())
@@ -51,7 +40,6 @@ HISTORY = RunHistory(data_dir())
 DEFAULTS = RunConfig(samples=min(RunConfig.samples, LIMITS.max_samples), steps=min(RunConfig.steps, LIMITS.max_steps),
                      batch_size=min(RunConfig.batch_size, LIMITS.max_batch_size),
                      max_length=min(RunConfig.max_length, LIMITS.max_length))
-DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "packing-lab-downloads"  # Gradio serves files from the temp dir
 
 
 INTRO = """
@@ -65,99 +53,10 @@ few real optimizer steps, and the page compares speed, loss and memory.
 """
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Errors: every user mistake becomes one readable message; anything else is logged, never shown as a traceback
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _as_ui_error(error: Exception) -> gr.Error:
-    if isinstance(error, gr.Error):
-        return error
-    if isinstance(error, demo_core.DemoInputError):
-        return gr.Error(str(error), print_exception=False)
-    logger.error("unexpected error", exc_info=error)
-    return gr.Error(f"Something went wrong inside the app ({type(error).__name__}); the server log has the details.",
-                    print_exception=False)
-
-
-def user_errors(fn):
-    """Wraps a handler (plain or generator) so that its exceptions reach the page as `gr.Error`."""
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def generator(*args, **kwargs):
-            try:
-                yield from fn(*args, **kwargs)
-            except Exception as error:
-                raise _as_ui_error(error) from None
-        return generator
-
-    @functools.wraps(fn)
-    def plain(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as error:
-            raise _as_ui_error(error) from None
-    return plain
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Inputs: local paths only under the allowed roots; a RunConfig from the widgets or the API
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def allowed_roots() -> list[Path]:
-    raw = os.environ.get("PACKING_LAB_ALLOWED_ROOTS")
-    roots = [Path(part) for part in raw.split(os.pathsep) if part] if raw else [data_dir(), Path(get_upload_folder())]
-    return [root.expanduser().resolve() for root in roots]
-
-
-def check_local_path(value, what: str, file_suffixes: tuple[str, ...] = ()) -> None:
-    """Refuses a local path outside the allowed roots. The engine reads a value as a path when it exists (or, for
-    data, ends in .json/.jsonl), otherwise as a hub id; the same test here decides what needs checking."""
-    if not isinstance(value, str) or not value.strip():
-        return  # the engine's own validation names the empty field
-    path = Path(value.strip()).expanduser()
-    if not (path.exists() or path.suffix in file_suffixes):
-        return
-    resolved = path.resolve()  # follows symlinks, so a link inside a root cannot point outside it
-    if not any(resolved.is_relative_to(root) for root in allowed_roots()):
-        raise demo_core.DemoInputError(
-            f"{what} path {value.strip()!r} is outside the folders this app may read; upload the file instead, or "
-            f"ask the operator to add its folder to PACKING_LAB_ALLOWED_ROOTS")
-
-
-def make_config(model, dataset, samples, collators, steps, batch_size, attention, seed, max_length=DEFAULTS.max_length,
-                precision=DEFAULTS.precision, optimizer=DEFAULTS.optimizer, upload: str | None = None) -> RunConfig:
-    """The one way the page and the API build a run. An uploaded file (already inside Gradio's upload folder) replaces
-    the dataset field; everything else is validated by the engine (`RunConfig.validated`)."""
-    check_local_path(model, "model")
-    if not upload:
-        check_local_path(dataset, "dataset", (".json", ".jsonl"))
-    return RunConfig(model=model, dataset=upload or dataset, samples=samples, collators=collators, steps=steps,
-                     batch_size=batch_size, attention=attention, seed=seed, max_length=max_length, precision=precision,
-                     optimizer=optimizer)
-
-
-def config_from_document(document: dict) -> RunConfig:
-    names = {field.name for field in dataclasses.fields(RunConfig)}
-    return RunConfig(**{key: value for key, value in document["config"].items() if key in names})
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Tables and downloads from a run document
-# ----------------------------------------------------------------------------------------------------------------
-
-def write_downloads(document: dict, name: str) -> tuple[str, str]:
-    folder = DOWNLOAD_DIR / name
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = folder / f"packing-lab-{name}.json", folder / f"packing-lab-{name}.csv"
-    demo_core.write_json(document, json_path)
-    csv_path.write_text(report.results_csv(document))
-    return str(json_path), str(csv_path)
-
-
-def history_table() -> list[list]:
-    return [report.history_row(summary) for summary in reversed(saved_runs())]  # newest first
+def prepare_inputs(upload: Upload | None, *fields) -> demo_core.Prepared:
+    """fields: model, dataset, samples, collators, steps, batch_size, attention, seed, max_length, precision,
+    optimizer."""
+    return prepare_from_inputs(LIMITS, upload, *fields)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -173,8 +72,8 @@ def _preview_views(preview: dict) -> tuple:
 def show_preview(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
                  max_length):
     """Sends the batch picture as soon as it is drawn (the view people wait for), then the histogram and costs."""
-    preview = demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
-                                            max_length, precision, optimizer, upload=upload), limits=LIMITS)
+    preview = demo_core.preview(prepare_inputs(Upload.from_value(upload), model, dataset, samples, collators, steps,
+                                               batch_size, attention, seed, max_length, precision, optimizer))
     yield plots.batch_figure(preview), gr.skip(), gr.skip()
     yield gr.skip(), plots.lengths_figure(preview), report.cost_markdown(preview)
 
@@ -182,136 +81,171 @@ def show_preview(model, dataset, upload, samples, collators, steps, batch_size, 
 def _result_views(document: dict, name: str) -> tuple:
     """(throughput, loss, memory, results table, contamination table, JSON file, CSV file) of a finished run."""
     return (plots.throughput_figure(document), plots.loss_figure(document), plots.memory_figure(document),
-            report.results_table(document), report.contamination_table(document), *write_downloads(document, name))
+            report.results_table(document), report.contamination_table(document), *downloads.write(document, name))
 
 
-# A Stop click finds the run of its own browser session here.
-_STOP_EVENTS: dict[str, threading.Event] = {}
+def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: Upload | None) -> str:
+    status = f"Saved as run {entry.run_id} in the history below."
+    if entry.document.get("stop_reason") == TIME_BUDGET:
+        status += (f" It stopped itself at its time budget ({job.budget_s:.0f} s) and kept what it had: use fewer "
+                   "steps or collators to finish.")
+    if upload is not None:
+        status += f" {upload.name} was deleted from the server; this run is listed in this tab only."
+    return status
 
 
-def _train_in_worker(prepared: demo_core.Prepared, stop_event: threading.Event, updates: queue.Queue) -> threading.Thread:
-    """Trains in a thread that reports ("step", name, step), ("result", Result), ("done", Comparison) or ("error", e)."""
-    def work():
-        try:
-            comparison = demo_core.run_comparison(
-                prepared, stop_event=stop_event,
-                progress=lambda name, step, _total: updates.put(("step", name, step)),
-                on_result=lambda result: updates.put(("result", result)))
-            updates.put(("done", comparison))
-        except BaseException as error:  # handed to the handler thread, which reports it
-            updates.put(("error", error))
-
-    worker = threading.Thread(target=work, name="packing-lab-run", daemon=True)
-    worker.start()
-    return worker
-
-
-@on_gpu
 @user_errors
 def run_page(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
              max_length, request: gr.Request, progress=gr.Progress()):
-    """Prepares the run once: draws its batch, then trains in a worker thread and yields the views after each
-    collator; the last yield adds the history row."""
+    """Prepares the run once and draws its batch, then trains (on ZeroGPU: in the GPU worker) and yields the views
+    after each collator; the last yield adds the history row and empties the upload box (the file is deleted)."""
     started = time.perf_counter()
-    prepared = demo_core.prepare(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
-                                             max_length, precision, optimizer, upload=upload), limits=LIMITS)
-    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 8)
+    session, file = Session.of(request), Upload.from_value(upload)
+    prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
+                              max_length, precision, optimizer)
+    job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
+    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 9)
     steps, collator_count = prepared.config.steps, len(prepared.specs)
-    total_steps = collator_count * steps
-    stop_event = threading.Event()
-    _STOP_EVENTS[request.session_hash] = stop_event
-    updates: queue.Queue = queue.Queue()
-    worker = _train_in_worker(prepared, stop_event, updates)
-    results = []
-    try:
+    total_steps, done = collator_count * steps, 0
+    with session.running(), contextlib.closing(runs.train_and_save(job, HISTORY, session, file)) as events:
         progress((0, total_steps), desc="building the model and the first batch")
-        while True:
-            kind, *payload = updates.get()
-            if kind == "step":
-                name, step = payload
-                progress((len(results) * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
-            elif kind == "result":
-                results.append(payload[0])
-                progress((len(results) * steps, total_steps),
-                         desc="contamination check" if len(results) == collator_count else "next collator")
-                partial = prepared.comparison(results).to_dict()
-                yield (f"Running: {len(results)} of {collator_count} collators done…", *[gr.skip()] * 4,
+        for kind, *payload in events:
+            if kind == gpu.STEP:
+                name, step, _ = payload
+                progress((done * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
+            elif kind == gpu.RESULT:
+                partial = payload[0]
+                done = len(partial["results"])
+                progress((done * steps, total_steps),
+                         desc="contamination check" if done == collator_count else "next collator")
+                yield (f"Running: {done} of {collator_count} collators done…", *[gr.skip()] * 4,
                        plots.throughput_figure(partial), plots.loss_figure(partial), plots.memory_figure(partial),
-                       report.results_table(partial), *[gr.skip()] * 4)
-            elif kind == "error":
-                raise payload[0]
+                       report.results_table(partial), *[gr.skip()] * 5)
             else:
-                document = payload[0].to_dict()
-                break
-    finally:
-        stop_event.set()  # the page closed or errored mid-run: let the worker stop at its next step
-        worker.join()  # one training job at a time: the queue slot frees only when the worker is done
-        _STOP_EVENTS.pop(request.session_hash, None)
-    entry = HISTORY.append(document)
-    yield (f"Saved as run {entry.run_id} in the history below.",
-           report.headline(document, time.perf_counter() - started), *[gr.skip()] * 3,
-           *_result_views(document, entry.run_id), history_table())
+                entry = payload[0]
+    if entry is None:  # stopped while it waited for the GPU
+        yield "Stopped before the first step: nothing to save.", *[gr.skip()] * 12, gr.skip() if file is None else None
+        return
+    yield (_saved_status(entry, job, file), report.headline(entry.document, time.perf_counter() - started),
+           *[gr.skip()] * 3, *_result_views(entry.document, entry.run_id), history_table(request),
+           gr.skip() if file is None else None)
 
 
 def request_stop(request: gr.Request) -> str:
-    event = _STOP_EVENTS.get(request.session_hash)
-    if event is None:
+    if not Session.of(request).request_stop():
         return "Nothing is running in this tab."
-    event.set()
     return "Stopping after the current step…"
 
 
 @user_errors
-def show_history_run(selection: gr.SelectData):
+def show_history_run(selection: gr.SelectData, request: gr.Request):
     """Redraws a run picked in the history table: its results and, when its data is still readable, its batch."""
-    entry = HISTORY.get(str(selection.row_value[0]))
-    if entry is None:
-        raise demo_core.DemoInputError("that run is no longer in the history file")
+    entry = history_view.entry(HISTORY, Session.of(request), str(selection.row_value[0]))
     document = entry.document
-    try:
-        batch, lengths, cost = _preview_views(demo_core.preview(config_from_document(document), limits=LIMITS))
-    except demo_core.DemoInputError as error:  # e.g. an uploaded file Gradio has since cleaned up
-        batch, lengths, cost = None, None, f"*The batch picture cannot be redrawn: {error}*"
+    if entry.private:
+        batch, lengths, cost = None, None, "*The batch picture cannot be redrawn: the uploaded file was deleted.*"
+    else:
+        try:
+            batch, lengths, cost = _preview_views(demo_core.preview(config_from_document(document), limits=LIMITS))
+        except demo_core.DemoInputError as error:  # e.g. a data file that has since been removed
+            batch, lengths, cost = None, None, f"*The batch picture cannot be redrawn: {error}*"
     return (f"*History run {entry.run_id} ({entry.saved_at})*\n\n" + report.headline(document), batch, lengths, cost,
             *_result_views(document, entry.run_id))
+
+
+def history_table(request: gr.Request) -> list[list]:
+    return history_view.table(HISTORY, Session.of(request))
+
+
+@user_errors
+def delete_my_runs(request: gr.Request) -> tuple[str, list[list]]:
+    deleted = history_view.delete(HISTORY, Session.of(request))
+    status = f"Deleted {len(deleted)} run(s) made in this tab." if deleted else "This tab has made no runs."
+    return status, history_table(request)
+
+
+def forget_session(request: gr.Request) -> None:
+    """The tab closed: nobody can list its private runs any more, so they are deleted (its shared runs stay)."""
+    history_view.delete(HISTORY, Session.of(request), private_only=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # API endpoints (gradio_client): the signature is the API, so names and defaults are the documented ones
 # ----------------------------------------------------------------------------------------------------------------
 
+API_ARGS = """Args:
+        model: a preset (tiny-llama, small-llama, llama-1b, ...), a hub id, or a local folder under the allowed roots
+        dataset: flan-like, orcamath-like, a hub dataset id, or a .json/.jsonl file under the allowed roots
+        samples: how many examples to draw from the dataset
+        collators: comma-separated collator names, e.g. "padded,flatten"
+        steps: optimizer steps per collator (step 1 is a warm-up, left out of the timings)
+        batch_size: examples per step (for bfd and trl-bfd: packed rows)
+        attention: auto, varlen, sdpa, eager or flash_attention_2
+        seed: seed of the data order and of the initial weights
+        max_length: longer examples are truncated to this many tokens
+        precision: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16
+        optimizer: adamw or sgd
+        dataset_file: a .json/.jsonl file used instead of dataset (gradio_client.handle_file), private to you"""
 
-@on_gpu
+
+def with_api_args(endpoint):
+    """Appends the shared parameter descriptions: Gradio reads a docstring's `Args:` for the API page."""
+    endpoint.__doc__ = f"{endpoint.__doc__.rstrip()}\n\n    {API_ARGS}\n    "
+    return endpoint
+
+
+@with_api_args
 @user_errors
 def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
             collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
             batch_size: int = DEFAULTS.batch_size, attention: str = DEFAULTS.attention,
-            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length) -> dict:
-    """Trains a short burst per collator and returns the engine's JSON document (config, dataset_stats, results,
-    comparison, contamination, environment). `collators` is a comma list, e.g. "padded,flatten"."""
-    config = make_config(model, dataset, samples, collators, steps, batch_size, attention, seed, max_length)
-    document = demo_core.run_comparison(config, limits=LIMITS).to_dict()
-    HISTORY.append(document)
-    return document
+            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length, precision: str = DEFAULTS.precision,
+            optimizer: str = DEFAULTS.optimizer, dataset_file: gr.FileData | None = None,
+            request: gr.Request = None) -> dict:
+    """Trains a short burst per collator, saves the run and returns the engine's JSON document (config,
+    dataset_stats, results, comparison, contamination, environment, and stop_reason: null, "stop" or "time budget").
+    An uploaded file is deleted from the server when the run ends."""
+    session, file = Session.of(request), Upload.from_value(dataset_file)
+    prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
+                              max_length, precision, optimizer)
+    job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
+    with session.running():
+        *_, (_, entry) = runs.train_and_save(job, HISTORY, session, file)
+    if entry is None:  # its time budget was spent before the first step (a GPU that took long to come)
+        raise demo_core.DemoInputError("the run stopped before its first step: nothing to return; try again")
+    return entry.document
 
 
+@with_api_args
 @user_errors
 def preview(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
             collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
             batch_size: int = DEFAULTS.batch_size, attention: str = DEFAULTS.attention,
-            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length) -> dict:
+            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length, precision: str = DEFAULTS.precision,
+            optimizer: str = DEFAULTS.optimizer, dataset_file: gr.FileData | None = None) -> dict:
     """The numbers before any training: length statistics, the first batch under each collator (lengths,
     cu_seqlens, position_ids, labels, shape, pad_fraction) and the cost preview (`cost`)."""
-    return demo_core.preview(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
-                                         max_length), limits=LIMITS)
+    return demo_core.preview(prepare_inputs(Upload.from_value(dataset_file), model, dataset, samples, collators,
+                                            steps, batch_size, attention, seed, max_length, precision, optimizer))
+
+
+def saved_runs(request: gr.Request = None) -> list[dict]:
+    """The saved runs this client may see, oldest first: everyone's shared runs and this client's private ones (made
+    on its uploaded files). One summary each: run_id, saved_at, model, dataset, samples, collators, steps, batch_size,
+    seed, max_length, attention, best_speedup, partial, private, and yours (made by this client: it may delete it).
+    The history file survives restarts; a line torn by a crash is skipped with a warning in the server log."""
+    return history_view.summaries(HISTORY, Session.of(request))
 
 
 @user_errors
-def saved_runs() -> list[dict]:
-    """The saved runs, oldest first: one summary each (run_id, saved_at, model, dataset, samples, collators, steps,
-    batch_size, seed, max_length, attention, best_speedup, partial). The history file survives restarts; a line
-    torn by a crash is skipped with a warning in the server log."""
-    return [report.run_summary(entry.run_id, entry.saved_at, entry.document) for entry in HISTORY.entries()]
+def delete_runs(run_ids: str = "", request: gr.Request = None) -> list[str]:
+    """Deletes runs this client made from the history, for every viewer, and returns their run ids.
+
+    Args:
+        run_ids: comma-separated run ids (those /history lists with yours = true), or empty for all of them
+    """
+    wanted = {part.strip() for part in run_ids.split(",") if part.strip()}
+    return history_view.delete(HISTORY, Session.of(request), wanted or None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -326,8 +260,8 @@ def _settings_column() -> SimpleNamespace:
                            elem_id="model", info="a tiny random-init preset (trains on a CPU), or a hub id / local folder")
     ui.dataset = gr.Dropdown(list(BUILTIN_DATASETS), value=DEFAULTS.dataset, allow_custom_value=True,
                              label="Dataset", info="a built-in length profile, or a hub dataset id")
-    ui.upload = gr.File(label="Or upload .json / .jsonl (used instead)", file_types=[".json", ".jsonl"],
-                        type="filepath")
+    ui.upload = gr.File(label="Or upload .json / .jsonl (used instead; private to this tab, deleted after the run)",
+                        file_types=[".json", ".jsonl"], type="filepath", elem_id="upload")
     ui.samples = gr.Slider(1, LIMITS.max_samples, value=DEFAULTS.samples, step=1, label="Samples",
                            info="examples drawn from the dataset", elem_id="samples")
     ui.collators = gr.CheckboxGroup([(spec.label, name) for name, spec in COLLATORS.items()],
@@ -380,11 +314,13 @@ def _views_column() -> SimpleNamespace:
         ui.csv_file = gr.File(label="Results as CSV", interactive=False)
     gr.Markdown("## 3 · History (click a row to redraw that run)")
     ui.history = gr.Dataframe(headers=report.HISTORY_HEADERS, interactive=False, elem_id="history", max_height=320)
+    ui.delete_button = gr.Button("Delete the runs made in this tab", size="sm", elem_id="delete-runs")
     return ui
 
 
 def build_demo() -> gr.Blocks:
-    with gr.Blocks(title="Packing Lab") as demo:
+    # delete_cache: Gradio sweeps the files it holds for this app (uploads nobody ran, served copies of downloads).
+    with gr.Blocks(title="Packing Lab", delete_cache=uploads.sweep_schedule()) as demo:
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=320):
@@ -405,10 +341,13 @@ def build_demo() -> gr.Blocks:
         # Read at every page load, so the table survives restarts.
         demo.load(history_table, outputs=views.history, api_visibility="private")
         for widget in page_inputs:
-            widget.change(**preview_options)  # always_last: dragging a slider redraws once it settles
+            if widget is not inputs.upload:
+                widget.change(**preview_options)  # always_last: dragging a slider redraws once it settles
+        # Only the visitor's own upload or clear: emptying the box after a run keeps the run's batch picture.
+        gr.on([inputs.upload.upload, inputs.upload.clear], **preview_options)
         inputs.run_button.click(run_page, inputs=page_inputs, api_visibility="private", concurrency_id="training",
                                 outputs=[inputs.status, views.summary, *preview_outputs, *result_outputs,
-                                         views.history], show_progress_on=[inputs.status])
+                                         views.history, inputs.upload], show_progress_on=[inputs.status])
         inputs.stop_button.click(request_stop, outputs=inputs.status, api_visibility="private",
                                  concurrency_limit=None, concurrency_id="stop")
         # (every event in a concurrency group needs the group's limit: the lowest one given wins)
@@ -416,7 +355,11 @@ def build_demo() -> gr.Blocks:
                              api_visibility="private", concurrency_id="preview", concurrency_limit=4)
         gr.api(compare, api_name="compare", concurrency_id="training")
         gr.api(preview, api_name="preview", concurrency_id="preview", concurrency_limit=4)
+        views.delete_button.click(delete_my_runs, outputs=[inputs.status, views.history], api_visibility="private",
+                                  concurrency_id="history", concurrency_limit=4)
+        demo.unload(forget_session)
         gr.api(saved_runs, api_name="history", concurrency_id="history", concurrency_limit=4)
+        gr.api(delete_runs, api_name="delete_runs", concurrency_id="history", concurrency_limit=4)
     # One training job at a time: every training event shares the "training" group under this default limit.
     demo.queue(default_concurrency_limit=1)
     return demo

@@ -9,6 +9,7 @@ target character counts directly.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -156,6 +157,14 @@ def file_texts(path: Path, max_bytes: int | None = None) -> list[str]:
     return texts
 
 
+def file_record(path: Path) -> dict:
+    """How a run records its data file: name, size and SHA-256, never where it lay (an upload's server path is
+    private to the server; the hash still tells two files apart)."""
+    with path.open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return {"name": path.name, "size_bytes": path.stat().st_size, "sha256": digest}
+
+
 def hub_texts(dataset_id: str) -> list[str]:
     """The train split of a hub dataset (works offline only for datasets already in the local cache)."""
     import datasets
@@ -209,31 +218,35 @@ class TokenizedDataset:
     examples: list[list[int]]
     stats: LengthStats
     notes: list[str]
+    file: dict | None = None  # `file_record` of a data file
 
     def stats_dict(self) -> dict:
-        return {"name": self.name, **dataclasses.asdict(self.stats), "notes": self.notes}
+        return {"name": self.name, **dataclasses.asdict(self.stats), "notes": self.notes,
+                **({"file": self.file} if self.file else {})}
 
 
-def load_texts(dataset: str, samples: int, seed: int, max_upload_bytes: int | None = None) -> tuple[list[str], list[str]]:
-    """(texts sampled in training order, notes for the user)."""
-    notes = []
+def load_texts(dataset: str, samples: int, seed: int,
+               max_upload_bytes: int | None = None) -> tuple[list[str], list[str], dict | None]:
+    """(texts sampled in training order, notes for the user, the `file_record` when the data is a file)."""
+    notes, record = [], None
     if dataset in BUILTIN_DATASETS:
-        return builtin_texts(dataset, samples, seed), notes
+        return builtin_texts(dataset, samples, seed), notes, record
     path = Path(dataset).expanduser()
     if path.suffix in (".json", ".jsonl") or path.exists():
         texts = file_texts(path, max_upload_bytes)
+        record = file_record(path)
     else:
         texts = hub_texts(dataset)
     if samples > len(texts):
         notes.append(f"asked for {samples} samples, the dataset has {len(texts)}: used all {len(texts)}")
         samples = len(texts)
     order = random.Random(seed).sample(range(len(texts)), samples)
-    return [texts[index] for index in order], notes
+    return [texts[index] for index in order], notes, record
 
 
 def load(dataset: str, tokenizer: PreTrainedTokenizerBase, samples: int, seed: int, max_length: int,
          max_upload_bytes: int | None = None) -> TokenizedDataset:
-    texts, notes = load_texts(dataset, samples, seed, max_upload_bytes)
+    texts, notes, record = load_texts(dataset, samples, seed, max_upload_bytes)
     examples, truncated = [], 0
     for text in texts:
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -253,4 +266,4 @@ def load(dataset: str, tokenizer: PreTrainedTokenizerBase, samples: int, seed: i
         notes.append(f"{truncated} of {len(texts)} examples were longer than {max_length} tokens and were truncated")
     lengths = [len(ids) for ids in examples]
     return TokenizedDataset(Path(dataset).name if Path(dataset).suffix else dataset, examples,
-                            LengthStats.of(lengths, truncated), notes)
+                            LengthStats.of(lengths, truncated), notes, record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import platform
 import threading
 from typing import Callable
@@ -114,7 +115,9 @@ class Prepared:
         )
 
 
-def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
+def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str | os.PathLike | None = None) -> Prepared:
+    """`dataset_file`: where to read the data when it is a private file (a visitor's upload); `config.dataset` is then
+    only its display name, so the documents record the name and `data.file_record`, never the server path."""
     limits = limits or Limits()
     config = config.validated(limits)
     distributed.per_device_batch_size(config.batch_size)  # fails on every rank alike, before any collective
@@ -131,8 +134,8 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
             f"example; run them with padded or padded-grouped only"
         )
     attention = resolve_attention(config.attention, source.config, device)
-    dataset = data.load(config.dataset, source.tokenizer, config.samples, config.seed, config.max_length,
-                        limits.max_upload_bytes)
+    dataset = data.load(config.dataset if dataset_file is None else os.fspath(dataset_file), source.tokenizer,
+                        config.samples, config.seed, config.max_length, limits.max_upload_bytes)
     if config.batch_size > len(dataset.examples):
         dataset.notes.append(f"batch size {config.batch_size} is more than the {len(dataset.examples)} examples: "
                              f"every step trains on all {len(dataset.examples)}")

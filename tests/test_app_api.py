@@ -6,9 +6,9 @@ and on FLAN-like lengths is faster.
 """
 
 import json
-import threading
 import types
 
+import gradio
 import pytest
 from gradio_client import Client
 
@@ -23,15 +23,32 @@ def client(lab_app):
     return Client(lab_app.demo.local_url, verbose=False)
 
 
-def test_api_exposes_compare_preview_and_history_only(client):
+def test_api_exposes_compare_preview_history_and_delete_runs_only(client, lab_app):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history"}
+    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/delete_runs"}
     assert not endpoints["unnamed_endpoints"]
     for name in ("/compare", "/preview"):
-        names = [p["parameter_name"] for p in endpoints["named_endpoints"][name]["parameters"]]
-        assert names == ["model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed",
-                         "max_length"]
+        parameters = endpoints["named_endpoints"][name]["parameters"]
+        # The original nine keep their order (positional calls keep working); new ones come after, with defaults.
+        assert [p["parameter_name"] for p in parameters] == [
+            "model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed", "max_length",
+            "precision", "optimizer", "dataset_file"]
+        assert all(p["parameter_has_default"] for p in parameters)
+        assert parameters[-1]["python_type"]["type"] == "None | filepath"  # a file, sent with handle_file
+        _, descriptions, _ = gradio.utils.get_function_description(getattr(lab_app, name[1:]))
+        assert all(descriptions[p["parameter_name"]] for p in parameters), descriptions  # the API page's text
     assert not endpoints["named_endpoints"]["/history"]["parameters"]
+    assert [p["parameter_name"] for p in endpoints["named_endpoints"]["/delete_runs"]["parameters"]] == ["run_ids"]
+
+
+def test_positional_calls_of_the_original_nine_arguments_still_work(client):
+    numbers = client.predict("tiny-llama", "orcamath-like", 12, "padded,flatten", 2, 4, "auto", 3, 512,
+                             api_name="/preview")
+    assert (numbers["config"]["dataset"], numbers["config"]["max_length"], numbers["config"]["precision"]) == \
+        ("orcamath-like", 512, "auto")
+    numbers = client.predict("tiny-llama", "orcamath-like", 12, "padded", 2, 4, "auto", 3, 512, "fp32", "sgd",
+                             api_name="/preview")
+    assert (numbers["config"]["precision"], numbers["config"]["optimizer"]) == ("fp32", "sgd")
 
 
 def test_compare_with_defaults_gives_sane_numbers(client, lab_app):
@@ -77,16 +94,24 @@ def test_bad_input_is_one_clear_message_and_the_app_keeps_serving(client, argume
     assert client.predict(samples=16, api_name="/preview")["dataset_stats"]["count"] == 16
 
 
+def click_stop_at_the_first_step(lab_app, request):
+    """The page's progress callback, clicking Stop (the page's Stop handler) once the first step is reported."""
+    def progress(fraction, desc=""):
+        if desc.endswith("step 1/200"):
+            assert lab_app.request_stop(request) == "Stopping after the current step…"
+    return progress
+
+
 def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
     request = types.SimpleNamespace(session_hash="stop-test")
+    assert lab_app.request_stop(request) == "Nothing is running in this tab."
     run = lab_app.run_page("tiny-llama", "flan-like", None, 64, ["padded", "flatten"], 200, 4, "auto", "auto",
-                           "adamw", 0, 1024, request=request)
-    threading.Timer(3.0, lab_app.request_stop, args=(request,)).start()
+                           "adamw", 0, 1024, request=request, progress=click_stop_at_the_first_step(lab_app, request))
     *_, final = run  # runs to the end: Stop makes that a few steps, not 2 x 200
-    summary, history_rows = final[1], final[-1]
+    summary, history_rows = final[1], final[-2]
     assert summary.startswith("### Stopped")
     saved = lab_app.HISTORY.entries()[-1].document
-    assert saved["partial"] and saved["results"][0]["steps"] < 200
+    assert saved["partial"] and saved["results"][0]["steps"] < 200 and saved["stop_reason"] == "stop"
     assert history_rows[0][-1] == "stopped (partial)"
 
 
@@ -103,11 +128,28 @@ def test_history_survives_a_torn_last_line(tmp_path, caplog):
     assert RunHistory(tmp_path).get(history.entries()[-1].run_id).document == {"run": 3}  # a new reader (restart)
 
 
+def test_a_visitors_private_runs_are_listed_to_them_only_and_deleting_keeps_everyone_elses(tmp_path, caplog):
+    history = RunHistory(tmp_path)
+    private = history.append({"run": 1}, owner="visitor-a", private=True)
+    shared = history.append({"run": 2}, owner="visitor-b")
+    with history.path.open("ab") as handle:  # a torn line from a crash stays as it was
+        handle.write(b'{"run_id": "torn"')
+    also_mine = history.append({"run": 3}, owner="visitor-a")
+    assert [entry.run_id for entry in history.visible_to("visitor-b")] == [shared.run_id, also_mine.run_id]
+    assert [entry.run_id for entry in history.visible_to("visitor-a")] == [private.run_id, shared.run_id,
+                                                                          also_mine.run_id]
+    assert history.delete("visitor-a", {private.run_id}) == [private.run_id]
+    assert history.delete("visitor-a") == [also_mine.run_id]
+    assert [entry.document for entry in RunHistory(tmp_path).entries()] == [{"run": 2}]
+    assert b'{"run_id": "torn"\n' in history.path.read_bytes()
+
+
 def test_picking_a_history_row_redraws_that_run(lab_app):
     tiny = demo_core.RunConfig(samples=16, steps=2, batch_size=4)
     entry = lab_app.HISTORY.append(demo_core.run_comparison(tiny).to_dict())
     summary, batch, lengths, cost, throughput, loss, memory, table, contamination, json_path, csv_path = \
-        lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]))
+        lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]),
+                                 types.SimpleNamespace(session_hash="any visitor"))
     assert entry.run_id in summary and batch is not None and "Before training" in cost
     assert [row[0] for row in table] == [result["collator"] for result in entry.document["results"]]
     assert json.loads(open(json_path).read())["results"] == entry.document["results"]

@@ -2,7 +2,8 @@
 
 Chooses options like a person would, runs a small comparison, waits for the figures, reads the speedup off the page,
 and saves a screenshot under test-artifacts/ (copy it to docs/screenshot.png to refresh the README's). Prints and
-saves the timings: page load -> first picture, click -> new picture, click -> comparison done.
+saves the timings: page load -> first picture, click -> new picture, click -> comparison done. Then uploads a file
+in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes the run.
 """
 
 import json
@@ -100,3 +101,35 @@ def test_a_bad_choice_shows_one_message_and_the_page_keeps_working(page, lab_app
     before = page.evaluate(histogram)
     _set_slider(page, "samples", 40)
     page.wait_for_function(f"old => ({histogram})() !== old", arg=before)  # the page still answers
+
+
+def test_an_uploaded_file_runs_privately_and_its_runs_leave_with_the_tab(page, lab_app, tmp_path):
+    data = tmp_path / "team-notes.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"note {i}: " + "ship it " * (2 + i % 11)}) for i in range(40)))
+    browser = page.context.browser
+    tab = browser.new_page(viewport={"width": 1500, "height": 1000})  # a session of its own, closed at the end
+    tab.set_default_timeout(60_000)
+    tab.goto(lab_app.demo.local_url)
+    tab.wait_for_selector("#batch-plot img")
+    before = tab.evaluate(PICTURE_SOURCE)
+    tab.locator("#upload input[type=file]").set_input_files(str(data))
+    tab.wait_for_function(f"old => ({PICTURE_SOURCE})() !== old", arg=before)  # the upload's batch is drawn
+    _set_slider(tab, "samples", 16)
+    _set_slider(tab, "steps", 2)
+    tab.click("#run")
+    tab.wait_for_function("() => /was deleted from the server/.test(document.querySelector('#status').innerText)",
+                          timeout=600_000)
+    entry = lab_app.HISTORY.entries()[-1]
+    assert entry.private and entry.document["config"]["dataset"] == "team-notes.jsonl"
+    assert "team-notes.jsonl (private to this tab)" in tab.locator("#history").inner_text()
+    assert "team-notes.jsonl" not in tab.locator("#upload").inner_text()  # the box is empty: the file is gone
+    other = browser.new_page()  # another visitor
+    other.goto(lab_app.demo.local_url)
+    other.wait_for_selector("#history")
+    assert entry.run_id not in other.locator("#history").inner_text()
+    other.close()
+    tab.close()  # Gradio's unload: the session ended, and nobody can list its private run any more
+    deadline = time.monotonic() + 90
+    while any(saved.run_id == entry.run_id for saved in lab_app.HISTORY.entries()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(saved.run_id != entry.run_id for saved in lab_app.HISTORY.entries())

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from gradio_client import Client
+from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
 import demo_core
@@ -67,12 +67,12 @@ def test_five_clients_at_once_each_get_their_own_run_one_at_a_time(lab_app, monk
     # Observe when each run really trains: the real engine, timed (the app calls demo_core.run_comparison).
     real_run_comparison, spans = demo_core.run_comparison, []
 
-    def timed_run_comparison(config, **kwargs):
+    def timed_run_comparison(prepared, **kwargs):
         start = time.monotonic()
         try:
-            return real_run_comparison(config, **kwargs)
+            return real_run_comparison(prepared, **kwargs)
         finally:
-            spans.append((config.seed, start, time.monotonic()))
+            spans.append((prepared.config.seed, start, time.monotonic()))
 
     monkeypatch.setattr(demo_core, "run_comparison", timed_run_comparison)
     sent = [dict(TINY, samples=16 + i, seed=100 + i) for i in range(5)]  # every client a different config
@@ -203,6 +203,9 @@ def test_caps_from_the_environment_are_enforced_through_the_api(server):
     big.write_text("\n".join(json.dumps({"text": f"{SECRET} {i:07d}"}) for i in range(10_000)))
     message = api_error(client, "/preview", dataset=str(big))
     assert "the limit is 0.2 MB" in message and SECRET not in message
+    # The API's file parameter has the page's cap: the client refuses to send it, as the page's upload box does.
+    with pytest.raises(ValueError, match="exceeds the maximum file size of 200000 bytes"):
+        client.predict(dataset_file=handle_file(str(big)), api_name="/preview")
     # Gradio's own upload route applies the same cap (413), and takes a file under it.
     route = f"{server.url}gradio_api/upload"
     too_big = httpx.post(route, files={"files": ("big.jsonl", big.read_bytes())}, timeout=60)

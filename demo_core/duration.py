@@ -1,0 +1,101 @@
+"""How long a run will take, predicted from its size before it starts (to size and refuse GPU allocations).
+
+A run is, per collator, a setup (a fresh model, its Trainer, the warm-up step) and then `steps` optimizer steps. A
+step's time grows with the token slots it computes: rows × longest example when padded, the real tokens when
+packed into one row, full rows of `max_length` for best-fit-decreasing. Seconds per slot come from earlier runs of
+the same model on the same device and precision when the history has one (the median of the last few: one run on a
+busy machine should not inflate every later estimate), else from the parameter count: 6 FLOPs per parameter per
+token for forward and backward (Kaplan et al. 2020, "Scaling laws", section 2.1) at a deliberately low sustained
+rate, plus a per-step overhead. The estimate only has to be roughly right: a run that outgrows it stops itself at
+its time budget (`demo_core.stop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Iterable
+
+from .engine import Prepared, padded_step_costs
+from .memory import param_facts
+
+# Assumptions, replaced by measured rates once the history has a run of the model on the device:
+# - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (README's run: 14,650 padded slots/s at 0.59M params);
+#   1e10 leaves room for a machine shared with other work (the same run measured 3-40x slower under load).
+# - CUDA: an H200 peaks near 1e15 bf16 FLOP/s; short bursts of ≤1B models reach a small fraction, so 5e13.
+SUSTAINED_FLOPS = {"cpu": 1e10, "cuda": 5e13}
+# Per step: Trainer bookkeeping, the optimizer, kernel launches (what dominates for tiny models).
+STEP_OVERHEAD_S = {"cpu": 0.05, "cuda": 0.1}
+# Per collator: building the model (random init on the CPU: seconds for 1B parameters), the Trainer, the warm-up step.
+SETUP_S = {"cpu": 5.0, "cuda": 15.0}
+RECENT_RUNS = 10  # how many earlier results of the same model/device/precision the measured rate is the median of
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEstimate:
+    setup_s: float  # per collator
+    step_s: dict[str, float]  # per collator: seconds per optimizer step
+    steps: int
+    rate_source: str  # "measured" (earlier runs) or "estimated" (parameter count)
+
+    @property
+    def total_s(self) -> float:
+        return len(self.step_s) * self.setup_s + self.steps * sum(self.step_s.values())
+
+    @property
+    def first_step_s(self) -> float:
+        """Setup plus the slowest collator's step: what the first step may cost before one is measured."""
+        return self.setup_s + max(self.step_s.values())
+
+    def steps_within(self, seconds: float) -> int:
+        """The most steps per collator that fit in `seconds` (0 when not even the setups fit)."""
+        return max(0, math.floor((seconds - len(self.step_s) * self.setup_s) / sum(self.step_s.values())))
+
+
+def slots_per_step(prepared: Prepared) -> dict[str, float]:
+    """Token slots one step computes, per collator, averaged over one pass through the data: the same for any
+    number of steps, so that a run's predicted time is linear in its steps."""
+    config, examples = prepared.config, prepared.examples
+    costs = padded_step_costs(examples, config.batch_size, math.ceil(len(examples) / config.batch_size))
+    real = sum(tokens for tokens, _ in costs) / len(costs)
+    padded = sum(slots for _, slots in costs) / len(costs)
+    total_tokens = sum(len(ids) for ids in examples)
+    slots = {}
+    for spec in prepared.specs:
+        if spec.packed_rows:  # rows filled up to max_length (an upper bound: the last rows are emptier)
+            slots[spec.name] = min(config.batch_size * config.max_length, total_tokens)
+        else:
+            slots[spec.name] = padded if spec.layout == "padded" else real
+    return slots
+
+
+def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str, precision: str) -> float | None:
+    """The median seconds per token slot of the most recent results of `model` on `device` in `precision`."""
+    rates = []
+    for document in reversed(list(documents)):
+        config = document.get("config", {})
+        if (config.get("model"), config.get("resolved_device"), config.get("resolved_precision")) != \
+                (model, device, precision):
+            continue
+        for result in document.get("results", []):
+            times, slots = result["step_times_s"][1:], result["step_padded_slots"][1:]  # step 1 is the warm-up
+            if times and sum(slots):
+                rates.append(sum(times) / sum(slots))
+        if len(rates) >= RECENT_RUNS:
+            break
+    return statistics.median(rates) if rates else None
+
+
+def estimate(prepared: Prepared, measured_s_per_slot: float | None = None) -> RunEstimate:
+    device = prepared.device
+    slots = slots_per_step(prepared)
+    if measured_s_per_slot is not None:
+        step_s = {name: n * measured_s_per_slot for name, n in slots.items()}
+        source = "measured"
+    else:
+        flops_per_slot = 6 * param_facts(prepared.source.config).params
+        step_s = {name: STEP_OVERHEAD_S[device] + n * flops_per_slot / SUSTAINED_FLOPS[device]
+                  for name, n in slots.items()}
+        source = "estimated"
+    return RunEstimate(SETUP_S[device], step_s, prepared.config.steps, source)

@@ -1,0 +1,11 @@
+"""What serving the engine to many visitors at once needs, kept out of the page's wiring (`app.py`):
+
+- `errors`: every exception a handler raises reaches the visitor as one readable `gr.Error`;
+- `inputs`: a visitor's inputs turned into a prepared run (local paths only under the allowed roots);
+- `sessions`: a visitor (a browser tab or an API client) as the server's files know it: an opaque key, its Stop;
+- `uploads`: a visitor's uploaded file: used under its name only, deleted after the run that used it;
+- `history_view`: the history as one visitor sees it: what they may list, redraw and delete;
+- `downloads`: a run's JSON and CSV files;
+- `gpu`: the part of a run that needs the GPU, shaped for ZeroGPU's forked worker process and its time limit;
+- `runs`: a run from the server's side: its time plan, the GPU part, what is saved and what is deleted.
+"""

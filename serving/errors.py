@@ -1,0 +1,51 @@
+"""Every exception a handler raises reaches the visitor as one readable `gr.Error`, never as a traceback.
+
+A user mistake (`demo_core.DemoInputError`) keeps its message; anything else is logged on the server (upload paths
+replaced by file names) and shown as "something went wrong" with its type only, since its message may name server
+internals.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import gradio as gr
+
+import demo_core
+
+from .uploads import RedactUploadPaths
+
+logger = logging.getLogger("packing_lab.app")
+logger.addFilter(RedactUploadPaths())  # an unexpected error's message or traceback may name an upload's server path
+
+
+def as_ui_error(error: Exception) -> gr.Error:
+    if isinstance(error, gr.Error):
+        return error
+    if isinstance(error, demo_core.DemoInputError):
+        return gr.Error(str(error), print_exception=False)
+    logger.error("unexpected error", exc_info=error)
+    return gr.Error(f"Something went wrong inside the app ({type(error).__name__}); the server log has the details.",
+                    print_exception=False)
+
+
+def user_errors(fn):
+    """Wraps a handler (plain or generator) so that its exceptions reach the page as `gr.Error`."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def generator(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as error:
+                raise as_ui_error(error) from None
+        return generator
+
+    @functools.wraps(fn)
+    def plain(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            raise as_ui_error(error) from None
+    return plain
