@@ -15,19 +15,15 @@ import torch
 import transformers
 
 from . import data, distributed
-from .attention import resolve_attention
 from .burst import BurstSettings, ProgressFn, release_memory, run_burst, training_dataset
 from .collators import make_collator
 from .config import Limits, RunConfig
 from .contamination import contamination_check
 from .errors import DemoInputError
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
+from .preflight import PACKING_COLLATORS, exact_attention
 from .results import Comparison, Result
 from .trl_path import SAME_BATCHES_AS, TRL_COLLATORS, run_trl_burst
-
-
-# Collators whose rows hold several examples and need per-example position restarts.
-PACKING_COLLATORS = ("flatten", "bfd", "trl-padding-free", "trl-bfd")
 
 
 def resolve_device(requested: str) -> str:
@@ -96,7 +92,8 @@ def prepare(config: RunConfig, limits: Limits | None = None) -> Prepared:
             f"{source.family} models take no position_ids, so {', '.join(packing)} cannot restart positions per "
             f"example; run them with padded or padded-grouped only"
         )
-    attention = resolve_attention(config.attention, source.config, device)
+    # Before anything trains: a tiny forward proves packing exact for this model on this path, or refuses the run.
+    attention = exact_attention(source, config.attention, device, config.collators)
     dataset = data.load(config.dataset, source.tokenizer, config.samples, config.seed, config.max_length,
                         limits.max_upload_bytes)
     return Prepared(config, source, dataset, device, precision, attention)

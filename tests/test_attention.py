@@ -12,7 +12,7 @@ import torch
 from transformers import Gemma2Config
 
 from demo_core import DemoInputError, RunConfig
-from demo_core import attention
+from demo_core import attention, torch_varlen
 from demo_core.attention import VARLEN, find_segments, resolve_attention, varlen_attention
 from demo_core.collators import make_collator
 from demo_core.engine import prepare
@@ -136,14 +136,15 @@ def test_torch_varlen_kernel_wiring(monkeypatch):
     reference that follows varlen_attn's documented contract (this machine has no CUDA)."""
     calls = []
 
-    def fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    def fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                         enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
         assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32
         lengths = torch.diff(cu_q).tolist()
         assert max_q == max_k == max(lengths) and enable_gqa == (q.shape[1] != k.shape[1])
         calls.append(lengths)
         return _reference_attention(q, k, v, lengths, scale)
 
-    monkeypatch.setattr(attention, "_torch_varlen_attn", fake_varlen_attn)
+    monkeypatch.setattr(torch_varlen, "INSTALLED", torch_varlen.VarlenKernel.of(fake_varlen_attn))
     monkeypatch.setattr(attention, "_flash_dtype", lambda query, dropout_p: torch.float32)
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 12, 8, generator=generator)
