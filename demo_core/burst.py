@@ -30,6 +30,11 @@ from .results import Result
 datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
+# transformers 5.24 renamed TrainingArguments' `gradient_checkpointing` to `activation_checkpointing` (the old name
+# warns); 5.17, which the GPU machine has, knows only the old one.
+CHECKPOINTING_ARGUMENT = ("activation_checkpointing"
+                          if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+                          else "gradient_checkpointing")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +208,7 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampling: str =
         ddp_find_unused_parameters=False,
         average_tokens_across_devices=True,
         # Trainer's and SFTConfig's defaults differ (SFTConfig turns it on): every burst follows the run's setting.
-        activation_checkpointing=settings.gradient_checkpointing,
+        **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
         dataloader_num_workers=0,
         dataloader_pin_memory=settings.device == "cuda",
         report_to="none",
