@@ -18,8 +18,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers import ByT5Tokenizer
 from transformers.loss.loss_utils import LOSS_MAPPING
+from transformers.utils import logging as transformers_logging
 
 from .errors import DemoInputError
+
+# A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
+# bury the CLI's one-line `error:` when that check refuses the model.
+transformers_logging.disable_progress_bar()
 
 BYTE_VOCAB_SIZE = 384  # len(ByT5Tokenizer()): 256 bytes + 3 specials + 125 extra ids
 

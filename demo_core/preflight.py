@@ -16,6 +16,7 @@ nothing. For a 1B model that is a few seconds and ~5 GB of fp32 weights on the d
 from __future__ import annotations
 
 import torch
+from transformers.utils import logging as transformers_logging
 
 from . import attention as attention_paths
 from .collators import make_collator
@@ -126,10 +127,16 @@ def check_packing_is_exact(source: ModelSource, attention: str, device: str, col
     if not layouts or key in _passed:
         return
     where = f"packing check for {source.family} on {attention} ({device})"
+    # The probe's own warnings (e.g. a kernel falling back) would land on stderr before a refusal's one `error:`
+    # line; training repeats whatever matters.
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
     try:
         differences = measure_packing(source, attention, device, layouts)
     except DemoInputError as refusal:
         raise DemoInputError(f"{where}: {refusal}") from None
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     tolerance = HALF_PRECISION_TOLERANCE if attention == "flash_attention_2" else TOLERANCE
     for layout, difference in differences.items():
         if difference > tolerance:

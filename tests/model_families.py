@@ -135,16 +135,17 @@ def _layouts(examples) -> dict[str, tuple[dict, Callable]]:
     }
 
 
-def _weighted_logits_gradients(model, inputs, cut, weights) -> dict[str, torch.Tensor]:
+def _gradients(model, loss) -> dict[str, torch.Tensor]:
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    per_example = cut(model(**inputs, use_cache=False).logits)
-    sum((logits * weight).sum() for logits, weight in zip(per_example, weights)).backward()
-    return {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.grad is not None}
+    return gradients
 
 
 def measure_family(source, attention: str = "varlen") -> dict:
-    """Max |Δlogit| over every layout and max |Δgrad| (gradients of fixed random weights on the logits, packed row)
-    between `attention` and each example alone on eager, in fp32; also whether any gradient reached the weights."""
+    """Max |Δlogit| over every layout and max |Δgrad| of the training loss (mean token cross-entropy over the
+    batch, as Trainer computes it) between `attention` on the packed row and each example alone on eager, in fp32;
+    also whether the same parameters got gradients and whether any gradient reached the weights."""
     examples = _examples()
     reference = source.build("eager", seed=0).eval()
     model = source.build(attention, seed=0).eval()
@@ -154,15 +155,13 @@ def measure_family(source, attention: str = "varlen") -> dict:
         for inputs, cut in _layouts(examples).values():
             packed = cut(model(**inputs, use_cache=False).logits)
             logit_diff = max(logit_diff, *(float((p - a).abs().max()) for p, a in zip(packed, alone)))
-    generator = torch.Generator().manual_seed(1)
-    weights = [torch.randn(alone_logits.shape, generator=generator) for alone_logits in alone]
-    expected = {}
-    for ids, weight in zip(examples, weights):
-        for name, grad in _weighted_logits_gradients(reference, {"input_ids": torch.tensor([ids])},
-                                                     lambda logits: [logits[0]], [weight]).items():
-            expected[name] = expected.get(name, 0) + grad
-    inputs, cut = _layouts(examples)["flatten + flash kwargs"]
-    actual = _weighted_logits_gradients(model, inputs, cut, weights)
+    # Each example predicts its own next tokens: len - 1 targets each, one mean over all of them.
+    targets = sum(len(ids) - 1 for ids in examples)
+    expected_loss = sum(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids]), use_cache=False).loss
+                        * (len(ids) - 1) / targets for ids in examples)
+    expected = _gradients(reference, expected_loss)
+    flat = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": ids} for ids in examples])
+    actual = _gradients(model, model(**flat, use_cache=False).loss)
     grad_diff = max(float((actual[name] - grad).abs().max()) for name, grad in expected.items())
     return {"logit_diff": logit_diff, "grad_diff": grad_diff, "same_parameters": actual.keys() == expected.keys(),
             "gradient_reaches_weights": any(grad.abs().max() > 0 for grad in expected.values())}
