@@ -5,9 +5,9 @@ The GPU machine this project uses has torch 2.11 (cu130), transformers 5.17 (and
 no network, and takes at most 64 MiB of files per call. Two sets, one call each:
 - train: what the tests and the llama-1b runs import beyond torch and transformers;
 - app: what `python app.py` adds (gradio, gradio_client, their web stack, matplotlib).
-As wheels the train set is 71 MB (pyarrow alone 55 MB), over the limit: wheels are only deflate-compressed, so `pack`
-stores a set's wheel contents in one .tar.xz, and `install` zips them back into the same wheels before
-`pip install --no-index --no-deps --target`. Versions: requirements.txt's pins, and their dependencies as pip
+As wheels the train set is 68 MiB (pyarrow alone 55 MB), over the limit: wheels are only deflate-compressed, so `pack`
+stores a set's wheel contents in one .tar.xz (38.5 MiB each set), and `install` zips them back into the same wheels
+before `pip install --no-index --no-deps --target`. Versions: requirements.txt's pins, and their dependencies as pip
 resolved them for Python 3.12 on manylinux x86_64 next to torch 2.11 and transformers 5.17.
 
     python benchmarks/carried_wheels.py download train .whl/download   # here, from the registry
