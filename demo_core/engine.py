@@ -20,13 +20,14 @@ import torch
 import transformers
 
 from . import data, distributed
-from .attention import capability, resolve_attention
+from .attention import capability
 from .burst import BurstSettings, ProgressFn, release_memory, run_burst
 from .collators import CollatorSpec, collator_spec
 from .config import Limits, RunConfig
 from .contamination import contamination_check
 from .errors import DemoInputError
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
+from .preflight import exact_attention
 from .results import Comparison, Result
 from .trainers import training_dataset
 
@@ -133,7 +134,8 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
             f"{source.family} models take no position_ids, so {', '.join(packing)} cannot restart positions per "
             f"example; run them with padded or padded-grouped only"
         )
-    attention = resolve_attention(config.attention, source.config, device)
+    # Before anything trains: a tiny forward proves packing exact for this model on this path, or refuses the run.
+    attention = exact_attention(source, config.attention, device, config.collators)
     dataset = data.load(config.dataset if dataset_file is None else os.fspath(dataset_file), source.tokenizer,
                         config.samples, config.seed, config.max_length, limits.max_upload_bytes)
     if config.batch_size > len(dataset.examples):

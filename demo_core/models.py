@@ -16,8 +16,14 @@ from typing import Callable
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers import ByT5Tokenizer
+from transformers.loss.loss_utils import LOSS_MAPPING
+from transformers.utils import logging as transformers_logging
 
 from .errors import DemoInputError, offline_hint
+
+# A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
+# bury the CLI's one-line `error:` when that check refuses the model.
+transformers_logging.disable_progress_bar()
 
 BYTE_VOCAB_SIZE = 384  # len(ByT5Tokenizer()): 256 bytes + 3 specials + 125 extra ids
 
@@ -140,11 +146,19 @@ class ModelSource:
     def build(self, attn_implementation: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
         """A fresh model; presets are seeded so every collator starts from the same weights."""
         torch.manual_seed(seed)
-        return self._build(attn_implementation, dtype)
+        model = self._build(attn_implementation, dtype)
+        # transformers derives `loss_type` from the class name, so GPT2LMHeadModel (an "LMHeadModel", not a
+        # "ForCausalLM") gets None; its loss still falls back to ForCausalLMLoss, but Trainer then counts
+        # `num_items_in_batch` over unshifted labels, one token too many per padded example: a padded step's loss
+        # was divided by Σ(len) instead of Σ(len - 1) (tiny-gpt2: Δloss 5e-2 vs flatten from step 1). Every model
+        # here is a causal LM, so name its loss for what it computes.
+        if model.loss_type not in LOSS_MAPPING:
+            model.loss_type = "ForCausalLM"
+        return model
 
 
-def _preset_source(preset: Preset) -> ModelSource:
-    config = preset.config()
+def config_source(name: str, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelSource:
+    """Random-init models of one config (the presets; tests build families the same way)."""
 
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
         # from_config keeps the config object and sets its attention on it: without a copy, building a second model
@@ -152,7 +166,11 @@ def _preset_source(preset: Preset) -> ModelSource:
         return AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation,
                                                 dtype=dtype)
 
-    return ModelSource(preset.name, config, byte_tokenizer(), True, build)
+    return ModelSource(name, config, tokenizer, True, build)
+
+
+def _preset_source(preset: Preset) -> ModelSource:
+    return config_source(preset.name, preset.config(), byte_tokenizer())
 
 
 def _pretrained_source(name_or_path: str) -> ModelSource:

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from .burst import BurstSettings
 
 datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
+# transformers 5.24 renamed TrainingArguments' `gradient_checkpointing` to `activation_checkpointing` (the old name
+# warns); 5.17, which the GPU machine has, knows only the old one.
+CHECKPOINTING_ARGUMENT = ("activation_checkpointing"
+                          if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+                          else "gradient_checkpointing")
 
 
 class RecordingTrainer(Trainer):
@@ -101,7 +106,7 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
         ddp_find_unused_parameters=False,
         average_tokens_across_devices=True,
         # Trainer's and SFTConfig's defaults differ (SFTConfig turns it on): every burst follows the run's setting.
-        activation_checkpointing=settings.gradient_checkpointing,
+        **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
         dataloader_num_workers=0,
         dataloader_pin_memory=settings.device == "cuda",
         report_to="none",

@@ -12,7 +12,7 @@ import torch
 from transformers import Gemma2Config
 
 from demo_core import DemoInputError, RunConfig
-from demo_core import attention
+from demo_core import attention, torch_varlen
 from demo_core.attention import VARLEN, find_segments, resolve_attention, varlen_attention
 from demo_core.collators import make_collator
 from demo_core.engine import prepare
@@ -136,14 +136,15 @@ def test_torch_varlen_kernel_wiring(monkeypatch):
     reference that follows varlen_attn's documented contract (this machine has no CUDA)."""
     calls = []
 
-    def fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    def fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                         enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
         assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32
         lengths = torch.diff(cu_q).tolist()
         assert max_q == max_k == max(lengths) and enable_gqa == (q.shape[1] != k.shape[1])
         calls.append(lengths)
         return _reference_attention(q, k, v, lengths, scale)
 
-    monkeypatch.setattr(attention, "_torch_varlen_attn", fake_varlen_attn)
+    monkeypatch.setattr(torch_varlen, "INSTALLED", torch_varlen.VarlenKernel.of(fake_varlen_attn))
     monkeypatch.setattr(attention, "_flash_dtype", lambda query, dropout_p: torch.float32)
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 12, 8, generator=generator)
@@ -220,7 +221,10 @@ def test_auto_on_cuda_prefers_flash_only_when_installed(flash_installed, expecte
 def test_auto_skips_paths_a_family_lacks():
     gemma2 = Gemma2Config(vocab_size=384, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                           num_key_value_heads=1, head_dim=32, intermediate_size=128)
-    assert resolve_attention("auto", gemma2, "cpu") == "eager"
+    # eager on transformers 5.24 (Gemma 2 has no sdpa there), sdpa on older ones: never varlen
+    assert resolve_attention("auto", gemma2, "cpu") == next(
+        path for path in attention.AUTO_ORDER if attention.capability(gemma2, path, "cpu")[0])
+    assert not attention.capability(gemma2, VARLEN, "cpu")[0]
     with pytest.raises(DemoInputError, match="soft-capping"):
         resolve_attention(VARLEN, gemma2, "cpu")
 
