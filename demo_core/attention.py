@@ -118,6 +118,12 @@ def _buckets(starts: np.ndarray, lengths: np.ndarray) -> list[tuple[np.ndarray, 
     return buckets
 
 
+
+def bucket_shapes(lengths: list[int]) -> list[tuple[int, int]]:
+    """(segments, padded length) of each SDPA call the CPU path makes for these segment lengths (memory estimate)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return [gather.shape for gather, _ in _buckets(np.zeros(len(lengths), dtype=np.int64), lengths)]
+
 def find_segments(batch: int, seq_len: int, device: torch.device, attention_mask=None, position_ids=None,
                   cu_seq_lens=None) -> Segments:
     """Segments from, in order of trust: `cu_seq_lens` (one packed row), `position_ids` restarts, the 2-D mask.

@@ -21,7 +21,7 @@ import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 from trl import pack_dataset
 
-from . import memory
+from . import memory_estimate, memory_measure
 from .collators import BatchStats, make_collator
 from .distributed import merge_ranks, per_device_batch_size, world_size
 from .models import ModelSource
@@ -78,7 +78,7 @@ class StepRecorder(TrainerCallback):
 
 
 class MemoryRecorder(TrainerCallback):
-    """Measures memory per category during the burst (see memory.py for what each number is).
+    """Measures memory per category during the burst (see memory_measure.py for what each number is).
 
     Saved activations are metered in step 1 only: the saved-tensor hook runs Python for every saved tensor, and
     step 1 is the warm-up step that throughput leaves out anyway. Weights, gradients and optimizer state are summed
@@ -88,8 +88,8 @@ class MemoryRecorder(TrainerCallback):
 
     def __init__(self, model: torch.nn.Module, device: str):
         self.model = model
-        self.meter = memory.SavedActivationMeter(model)
-        self.peaks = memory.PhasePeaks(device)
+        self.meter = memory_measure.SavedActivationMeter(model)
+        self.peaks = memory_measure.PhasePeaks(device)
         self.measured: dict | None = None
         self._forward_hook = model.register_forward_hook(self._mark_forward_end)
 
@@ -114,8 +114,8 @@ class MemoryRecorder(TrainerCallback):
         self.peaks.mark("optimizer_step")
         if self.measured is None:
             self._meter_hook.remove()
-            snapshot = memory.device_memory_snapshot(self.peaks.device)
-            self.measured = memory.measured_categories(self.model, optimizer, self.meter, snapshot)
+            snapshot = memory_measure.device_memory_snapshot(self.peaks.device)
+            self.measured = memory_measure.measured_categories(self.model, optimizer, self.meter, snapshot)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._forward_hook.remove()
@@ -126,18 +126,19 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
     lengths = first_batch.lengths
     if collator_name.startswith("padded"):
-        shape = dict(batch_size=len(lengths), seq_len=max(lengths), real_tokens=sum(lengths))
+        step = memory_estimate.StepShape.padded(lengths)
+    elif collator_name == "naive-concat":
+        # One row without position restarts: attention runs over the whole row, as over one unpadded example.
+        step = memory_estimate.StepShape(1, sum(lengths))
     else:
-        # One row; naive concatenation attends over the whole row as a single segment.
-        segments = [sum(lengths)] if collator_name == "naive-concat" else lengths
-        shape = dict(batch_size=1, seq_len=sum(lengths), real_tokens=sum(lengths), packed=True,
-                     segment_lengths=segments)
+        step = memory_estimate.StepShape.packed_row(lengths)
     measured = recorder.measured or {}
-    estimate = memory.estimate_memory_detail(
-        source.config, **shape, precision=settings.precision, optimizer=settings.optimizer, attention=attention,
-        gradient_checkpointing=settings.gradient_checkpointing, context_bytes=measured.get("context"),
-        device_type=settings.device,
-    )
+    estimate = memory_estimate.estimate_memory_detail(source.config, step, memory_estimate.TrainingSettings(
+        precision=settings.precision, optimizer=settings.optimizer, attention=attention,
+        gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
+        context_bytes=measured.get("context"),
+        loss="trl-fused" if collator_name.startswith("trl-") else "model",  # SFTTrainer's fused LM head
+    ))
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
     else:
@@ -145,7 +146,7 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
         # forward, when saved activations peak, as measured: weights + optimizer state + saved activations.
         peak_bytes = sum(measured.get(c) or 0 for c in ("weights", "optimizer", "activations")) or None
         peak_moment = "forward_end"
-    report = memory.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
+    report = memory_measure.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
     report["phase_peaks"] = dict(recorder.peaks.peaks)

@@ -17,6 +17,12 @@ ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# Memory estimates (memory_estimate.py) and the planner (planner.py) answer for more than a run can train: resolved
+# names only ("auto" is picked before estimating), plus settings estimated but never trained here: bitsandbytes'
+# 8-bit AdamW, Adafactor, and pure bf16 (bf16 weights, gradients and optimizer state; no fp32 master copy).
+ESTIMATE_PRECISION_NAMES = tuple(name for name in PRECISION_NAMES if name != "auto") + ("pure-bf16",)
+ESTIMATE_OPTIMIZER_NAMES = OPTIMIZER_NAMES + ("adamw_8bit", "adafactor")
+ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "auto")
 
 
 @dataclasses.dataclass(frozen=True)
