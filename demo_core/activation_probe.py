@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-from .attention import varlen_attention
 from .lora import apply_lora
 from .memory_measure import storage_key
 
@@ -52,21 +52,25 @@ _ROWS_POINTS = (2, 3)
 _SEQ_POINTS = (7, 11, 13)
 _PACKED_POINTS = (17, 23, 29)
 
-ATTENTION_KERNEL_EXCLUDED = "packing_lab_probe_varlen"  # varlen with its kernel's saved tensors set aside
+ATTENTION_KERNEL_EXCLUDED = "packing_lab_probe_kernel"  # attention whose kernel the formulas count instead
 _probe_state = threading.local()
 
 
-def _varlen_without_kernel(module, query, key, value, attention_mask, **kwargs):
-    """The varlen attention function; what its kernel saves is marked so the probe leaves it to the formulas."""
+def _kernel_stand_in(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Stands in for the varlen / flash_attention_2 kernel: what it saves is set aside (the formulas count it); what
+    it returns has their layout, a fresh contiguous (batch, seq, heads, head_dim) tensor that o_proj then saves."""
     _probe_state.in_kernel = True
     _probe_state.kernel_heads = (query.shape[1], key.shape[1])  # as the model's code shapes them
     try:
-        return varlen_attention(module, query, key, value, attention_mask, **kwargs)
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=getattr(module, "is_causal", True),
+                                             scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        # a copy even when SDPA's layout makes the transpose contiguous: the varlen kernels return a new tensor
+        return out.transpose(1, 2).clone(memory_format=torch.contiguous_format), None
     finally:
         _probe_state.in_kernel = False
 
 
-AttentionInterface.register(ATTENTION_KERNEL_EXCLUDED, _varlen_without_kernel)
+AttentionInterface.register(ATTENTION_KERNEL_EXCLUDED, _kernel_stand_in)
 AttentionMaskInterface.register(ATTENTION_KERNEL_EXCLUDED, flash_attention_mask)
 
 
@@ -220,7 +224,8 @@ def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> 
     return model
 
 
-def _decoder_layers(model: torch.nn.Module, count: int) -> torch.nn.ModuleList:
+def decoder_layers(model: torch.nn.Module, count: int) -> torch.nn.ModuleList:
+    """The model's list of `count` decoder (or encoder) layers."""
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == count:
             return module
@@ -261,7 +266,7 @@ class _SaveRecorder:
         self.layer: int | None = None
         self.after_layers = False
         self.dropout_scales = _dropout_scales(config)
-        layers = _decoder_layers(model, layer_count)
+        layers = decoder_layers(model, layer_count)
         for index, layer in enumerate(layers):
             layer.register_forward_pre_hook(lambda *_, index=index: self._enter_layer(index))
             layer.register_forward_hook(lambda *_: self._leave_layer())

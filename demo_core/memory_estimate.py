@@ -14,14 +14,12 @@ The categories follow the Hugging Face "model training anatomy" page, plus the C
     context      CUDA context + library workspaces: measured, passed in as `context_bytes`; 0 on CPU
 
 Two choices to know about:
-- Mixed precision (`precision="bf16"|"fp16"`) means what `Trainer(bf16=True)` does: fp32 parameters, autocast in
-  the forward. Autocast's half copies of the weights are saved for backward, so they are counted under
-  `activations` (term `amp_weight_copies`), not `weights`: the HF page's "6 bytes/param" is 4 here + 2 there. This
-  keeps `weights` equal to the parameter tensors to the byte and the activation estimate comparable with
-  `SavedActivationMeter`, which sees those copies as non-parameter storages.
-- The attention kernel of `varlen` and `flash_attention_2` is a formula (`attention_kernel_terms`): what it saves
-  follows the segment lengths, which the probe's fit over token counts cannot see. Everything else the model saves
-  comes from running the model's own code (activation_probe.py), so no list of model types is needed here.
+- Mixed precision (`precision="bf16"|"fp16"`) is `Trainer(bf16=True)`: fp32 parameters, autocast in the forward.
+  Autocast's half weight copies are saved for backward, so they count under `activations` (`amp_weight_copies`),
+  not `weights` (the HF page's "6 bytes/param" is 4 here + 2 there): `weights` stays equal to the parameter tensors
+  and the activations comparable with `SavedActivationMeter`, which sees the copies as non-parameter storages.
+- The kernel of `varlen` / `flash_attention_2` is a formula (`attention_kernel_terms`): it follows the segment
+  lengths, which the probe's fit cannot see. The rest comes from the model's own code (activation_probe.py).
 """
 
 from __future__ import annotations
@@ -172,6 +170,7 @@ class ParamFacts:
     linear_weight_params: int  # elements of matmul weights (autocast copies them to half precision)
     quantizable_params: int  # matmul weights but the output layer's (what QLoRA stores in 4 bits)
     linear_layers: tuple[tuple[str, int, int, bool], ...]  # (name, in, out, is the output layer) of every matmul
+    largest_layer_params: int  # one decoder layer's parameters (what ZeRO-3/FSDP gathers at a time)
 
 
 _PARAM_FACTS_CACHE: dict[tuple[str, str], ParamFacts] = {}
@@ -200,6 +199,8 @@ def param_facts(config: Any) -> ParamFacts:
             linear_weight_params=sum(n for n, _ in linear.values()),
             quantizable_params=sum(n for n, is_output in linear.values() if not is_output),
             linear_layers=tuple(layers),
+            largest_layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in
+                                     activation_probe.decoder_layers(model, int(config.num_hidden_layers))),
         )
     return _PARAM_FACTS_CACHE[key]
 
@@ -237,9 +238,12 @@ def weight_bytes(config: Any, settings: TrainingSettings) -> int:
     if not settings.lora_rank:
         return facts.params * param_bytes + buffers
     adapters = trainable(config, settings)
-    quantized = facts.quantizable_params if settings.quantized_base else 0
-    frozen = (facts.params - quantized) * param_bytes + math.ceil(quantized * QLORA_BYTES_PER_PARAM)
-    return frozen + adapters.params * adapters.bytes_per_param + buffers
+    if not settings.quantized_base:
+        return facts.params * param_bytes + adapters.params * adapters.bytes_per_param + buffers
+    # QLoRA loads the rest of the frozen model (embeddings, norms, output layer) in the compute dtype.
+    quantized = facts.quantizable_params
+    rest = (facts.params - quantized) * _COMPUTE_BYTES[settings.precision]
+    return math.ceil(quantized * QLORA_BYTES_PER_PARAM) + rest + adapters.params * adapters.bytes_per_param + buffers
 
 
 # ---- activations ------------------------------------------------------------------------------------------------
@@ -261,8 +265,9 @@ def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: Trainin
     """What the varlen / flash_attention_2 kernel saves, per layer x layers, plus its index tensors once.
 
     `heads` = (query heads, key/value heads) as the model hands them to the kernel (the probe observes them).
-    CUDA in half precision (PyTorch's varlen_attn, flash-attn): q, k, v and the output over the real tokens
-    (kv heads unrepeated), a logsumexp per token and head, and the index of the real tokens when there is padding.
+    CUDA in half precision (PyTorch's varlen_attn, flash-attn): q, k, v over the real tokens (kv heads unrepeated)
+    and a logsumexp per token and head; with padding also the output over the real tokens and the index of the real
+    tokens (without padding the output itself is o_proj's input, which the probe counts).
     Elsewhere (attention.py's CPU path): SDPA per bucket of similar-length segments, each padded to the bucket's
     longest: gathered q, k, v, the output and its logsumexp per bucket, the concatenated real outputs; and the gather,
     keep and scatter indices once per forward (every layer reuses them). Measured with saved-tensor hooks.
@@ -274,7 +279,8 @@ def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: Trainin
     flash = settings.attention == "flash_attention_2" or (
         settings.device_type == "cuda" and settings.precision != "fp32")
     if flash:
-        per_layer = real * (2 * q_heads + 2 * kv_heads) * d * c + real * q_heads * _FP32_BYTES
+        output = real * q_heads * d * c if step.has_padding else 0
+        per_layer = real * (q_heads + 2 * kv_heads) * d * c + real * q_heads * _FP32_BYTES + output
         shared = _INT64_BYTES * real if step.has_padding else 0  # gather/scatter index of the real tokens
         return {"attention_kernel": shape.layers * per_layer, "attention_kernel_indices": shared}
     buckets = bucket_shapes(segments)
@@ -372,20 +378,27 @@ def temporary_terms(shape: ModelShape, step: StepShape, settings: TrainingSettin
     }
 
 
-def peaks_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> dict[str, int]:
-    """Live bytes at each moment of a step (context included). Trainer zeroes gradients with set_to_none, so none
-    exist during the forward of step 2 onward; they are all there at the optimizer step, activations all gone."""
-    base = categories["weights"] + categories["optimizer"] + categories["context"]
-    forward_end = base + categories["activations"]
-    peaks = {
-        "forward_end": forward_end,
-        "backward_start": forward_end + temporaries.get("logits_gradients", 0),
-        "optimizer_step": base + categories["gradients"] + temporaries.get("optimizer_step", 0),
+def live_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> dict[str, dict[str, int]]:
+    """What is alive at each moment of a step, per category (context included). Trainer zeroes gradients with
+    set_to_none, so none exist during the forward of step 2 onward; at the optimizer step they all do and the
+    activations are gone."""
+    held = {category: categories[category] for category in ("weights", "optimizer", "context")}
+    forward = {**held, "activations": categories["activations"]}
+    live = {
+        "forward_end": forward,
+        "backward_start": {**forward, "temporary": temporaries.get("logits_gradients", 0)},
+        "optimizer_step": {**held, "gradients": categories["gradients"],
+                           "temporary": temporaries.get("optimizer_step", 0)},
     }
     if temporaries.get("recomputed_layer"):
         # Conservative: the head's saved tensors are already freed when the first layer is recomputed.
-        peaks["backward_recompute"] = forward_end + temporaries["recomputed_layer"]
-    return peaks
+        live["backward_recompute"] = {**forward, "temporary": temporaries["recomputed_layer"]}
+    return live
+
+
+def peaks_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> dict[str, int]:
+    """Live bytes at each moment of a step (see `live_by_moment`)."""
+    return {moment: sum(parts.values()) for moment, parts in live_by_moment(categories, temporaries).items()}
 
 
 @dataclasses.dataclass
