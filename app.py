@@ -2,8 +2,8 @@
 
 Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT move it). API endpoints for
 `gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
-both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length), and `/history` (the
-saved runs, one summary each).
+both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length), `/history` (the
+saved runs, one summary each), and `/plan` (the memory planner, planner_page.py).
 
 Limits come from the environment (`demo_core.Limits.from_env()`); local model and data paths typed into the page or
 the API must lie under PACKING_LAB_ALLOWED_ROOTS (default: the data dir and Gradio's upload folder); finished runs
@@ -36,6 +36,7 @@ from demo_core.data import BUILTIN_DATASETS  # noqa: E402
 from demo_core.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
 from demo_core.models import PRESETS  # noqa: E402
 from demo_core.results import Comparison, write_json  # noqa: E402
+import planner_page  # noqa: E402
 
 try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call; a no-op anywhere else
     import spaces
@@ -483,6 +484,8 @@ def build_demo() -> gr.Blocks:
                 gr.Markdown("## 3 · History (click a row to redraw that run)")
                 history = gr.Dataframe(headers=HISTORY_HEADERS, interactive=False, elem_id="history",
                                        max_height=320)
+
+        planner_page.build_planner_section(user_errors)
 
         page_inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision,
                        optimizer, seed, max_length]

@@ -23,15 +23,22 @@ def client(lab_app):
     return Client(lab_app.demo.local_url, verbose=False)
 
 
-def test_api_exposes_compare_preview_and_history_only(client):
+def test_api_exposes_compare_preview_history_and_plan_only(client):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history"}
+    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/plan"}
     assert not endpoints["unnamed_endpoints"]
     for name in ("/compare", "/preview"):
         names = [p["parameter_name"] for p in endpoints["named_endpoints"][name]["parameters"]]
         assert names == ["model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed",
                          "max_length"]
     assert not endpoints["named_endpoints"]["/history"]["parameters"]
+
+
+def test_plan_answers_without_training(client):
+    plan = client.predict(model="Qwen2.5-0.5B", batch_size=4, seq_length=1024, dataset="orcamath-like", packed=True,
+                          api_name="/plan")
+    assert {"per_device", "total_bytes", "peak_moment", "fits", "max_batch_size", "max_seq_length"} <= set(plan)
+    assert plan["fits"]["80"] and plan["max_batch_size"] >= 4
 
 
 def test_compare_with_defaults_gives_sane_numbers(client, lab_app):
