@@ -43,6 +43,8 @@ from .memory_measure import storage_key
 # by construction (only slower when large).
 _WIDTH_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_hidden_size",
                  "n_inner")
+# Fields named like widths that are not (a sliding window equal to the hidden size stays a window).
+_NOT_WIDTHS = ("hidden_size", "vocab_size", "sliding_window", "max_position_embeddings", "max_window_layers")
 _VOCAB_POINTS = (64, 96)  # probe vocabulary sizes: base and bumped
 _WIDTH_POINTS = (24, 36)
 _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (explicit head_dim)
@@ -189,6 +191,12 @@ def _probe_config(config: Any, widths: dict[str, int]) -> Any:
     for name, value in widths.items():
         if name != "head_dim":
             setattr(small, name, value)
+    # A config's __init__ may have resolved a width to the hidden size (OPT's word_embed_proj_dim): shrunk alone, the
+    # hidden size would make the two differ and add layers (OPT's project_in/out) the real model does not have.
+    for name, value in config.to_dict().items():
+        if (name.endswith(("_dim", "_size")) and name not in widths and name not in _NOT_WIDTHS
+                and value == config.hidden_size):
+            setattr(small, name, small.hidden_size)
     # Special token ids of a real vocabulary would point outside the small one (padding_idx, ...).
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id"):
         if isinstance(getattr(small, name, None), int):

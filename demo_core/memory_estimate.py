@@ -167,7 +167,7 @@ class ParamFacts:
     params: int  # unique parameter elements (tied weights once)
     tensor_shapes: tuple[tuple[int, ...], ...]  # per unique parameter tensor
     buffer_bytes: int  # registered buffers (rotary inv_freq, ...), fp32 as built
-    linear_weight_params: int  # elements of matmul weights (autocast copies them to half precision)
+    matmul_weight_params: int  # elements of 2-D weights used in matmuls (autocast copies them to half precision)
     quantizable_params: int  # matmul weights but the output layer's (what QLoRA stores in 4 bits)
     linear_layers: tuple[tuple[str, int, int, bool], ...]  # (name, in, out, is the output layer) of every matmul
     largest_layer_params: int  # one decoder layer's parameters (what ZeRO-3/FSDP gathers at a time)
@@ -187,16 +187,17 @@ def param_facts(config: Any) -> ParamFacts:
         linear: dict[int, tuple[int, bool]] = {}  # id(weight) -> (elements, is the output layer)
         layers = []
         for name, module in model.named_modules():
-            # nn.Linear and transformers' Conv1D (gpt2) are the matmuls autocast runs in half precision; embeddings
-            # and norms are not, so their weights are never copied.
-            if lora.linear_in_out(module) is not None:
+            if lora.linear_in_out(module) is not None:  # nn.Linear, transformers' Conv1D (gpt2)
                 linear[id(module.weight)] = (module.weight.numel(), module is output)
                 layers.append((name, *lora.linear_in_out(module), module is output))
+        # Autocast copies every 2-D weight a matmul uses: linear layers, and routers that are plain parameters (MoE
+        # gates). An embedding's weight is looked up, never copied, unless a linear layer shares it (tied lm_head).
+        looked_up = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - set(linear)
         _PARAM_FACTS_CACHE[key] = ParamFacts(
             params=sum(p.numel() for p in params),
             tensor_shapes=tuple(tuple(p.shape) for p in params),
             buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-            linear_weight_params=sum(n for n, _ in linear.values()),
+            matmul_weight_params=sum(p.numel() for p in params if p.dim() == 2 and id(p) not in looked_up),
             quantizable_params=sum(n for n, is_output in linear.values() if not is_output),
             linear_layers=tuple(layers),
             largest_layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in
@@ -297,7 +298,7 @@ def _weight_copy_bytes(config: Any, settings: TrainingSettings) -> int:
     if settings.precision not in _AUTOCAST_PRECISIONS:
         return 0
     facts = param_facts(config)
-    copied = facts.linear_weight_params - (facts.quantizable_params if settings.quantized_base else 0)
+    copied = facts.matmul_weight_params - (facts.quantizable_params if settings.quantized_base else 0)
     if settings.lora_rank:
         copied += trainable(config, settings).params
     return copied * _COMPUTE_BYTES[settings.precision]
@@ -470,7 +471,7 @@ def what_if_grid(config: Any, *, batch_sizes: Sequence[int], seq_lens: Sequence[
 
 
 def bert_large_config() -> Any:
-    """bert-large-uncased's shape with a 2-label classifier head, built offline (BertConfig() defaults are bert-base)."""
+    """bert-large-uncased's shape with a 2-label classifier head, built offline (BertConfig() is bert-base)."""
     from transformers import BertConfig
 
     return BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,

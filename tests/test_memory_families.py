@@ -14,7 +14,7 @@ from tiny_models import build, family_config, packed_batch, padded_batch, saved_
 from demo_core.memory_estimate import StepShape, TrainingSettings, estimate_memory_detail
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gemma3_text", "phi3", "granite", "gpt2",
-            "starcoder2", "stablelm", "cohere", "smollm3", "gpt_neox", "phi"]
+            "starcoder2", "stablelm", "cohere", "smollm3", "gpt_neox", "phi", "mixtral", "qwen3_moe", "opt"]
 PADDED_LENGTHS = [64, 21, 47, 33]
 PACKED_LENGTHS = [40, 17, 60, 33, 50]
 
