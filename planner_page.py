@@ -20,7 +20,8 @@ from demo_core.data import BUILTIN_DATASETS
 from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
 from demo_core.models import PRESETS
-from demo_core.planner import GPU_SIZES_GB, SHARDING_NAMES, Plan, PlanRequest, plan, shipped_configs
+from demo_core.planner import (GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest, device_estimate,
+                               plan, shipped_configs)
 from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS
 
 GIB = 2 ** 30
@@ -61,8 +62,8 @@ def plan_page(*values) -> tuple[str, Figure, Figure]:
     """(summary, stacked bars padded vs packed, sequence-length curve) for the widgets' values."""
     request = _request(*values).validated()
     chosen = plan(request)
-    other = plan(dataclasses.replace(request, packed=not request.packed))
-    padded, packed = (other, chosen) if request.packed else (chosen, other)
+    other = device_estimate(dataclasses.replace(request, packed=not request.packed))
+    padded, packed = (other, chosen.device) if request.packed else (chosen.device, other)
     return summary_markdown(chosen), bars_figure(padded, packed, request.packed), scaling_figure(chosen)
 
 
@@ -90,13 +91,13 @@ def _gpu_lines(axes) -> None:
             axes.text(axes.get_xlim()[1], gb, f" {gb} GB", color=color, va="center", ha="left", fontsize=8)
 
 
-def bars_figure(padded: Plan, packed: Plan, chosen_packed: bool) -> Figure:
-    """What is alive at each plan's peak, stacked by category, with the common GPU sizes drawn across."""
+def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: bool) -> Figure:
+    """What is alive at each estimate's peak, stacked by category, with the common GPU sizes drawn across."""
     figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     tallest = 0.0
-    for position, (label, result) in enumerate((("padded", padded), ("packed", packed))):
-        live = result.device.live_by_moment[result.device.peak_moment]
+    for position, (label, device) in enumerate((("padded", padded), ("packed", packed))):
+        live = device.live_by_moment[device.peak_moment]
         bottom = 0.0
         for category in CATEGORIES:
             value = live.get(category, 0) / GIB
@@ -104,7 +105,7 @@ def bars_figure(padded: Plan, packed: Plan, chosen_packed: bool) -> Figure:
                      linewidth=0.5, width=0.55)
             bottom += value
         chosen = (label == "packed") == chosen_packed
-        axes.text(position, bottom, f"{bottom:,.1f} GiB\nat {result.device.peak_moment}", ha="center",
+        axes.text(position, bottom, f"{bottom:,.1f} GiB\nat {device.peak_moment}", ha="center",
                   va="bottom", fontsize=8, fontweight="bold" if chosen else "normal")
         tallest = max(tallest, bottom)
     axes.set_xticks([0, 1], ["padded", "packed (padding-free)"])

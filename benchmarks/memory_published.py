@@ -23,14 +23,14 @@ from demo_core.memory_estimate import (SEED_MEASURED_MB, StepShape, TrainingSett
                                        estimate_memory_detail, seed_example_estimate)
 from demo_core.planner import PlanRequest, load_config, plan  # noqa: E402
 
-MB = 2 ** 20
+MB = 2 ** 20  # MiB, as torch and nvidia-smi count
 PR_31629_MB = {"padded": 22_305, "packed": 20_950}
 
 
 def seed_table() -> list[str]:
     seed = seed_example_estimate()
     rows = [f"| {category} | {value / MB:,.0f} |" for category, value in seed["categories"].items()]
-    return ["| category | MB |", "|---|---|", *rows,
+    return ["| category | MiB |", "|---|---|", *rows,
             f"| estimated peak ({seed['peak_moment']}) | {seed['peak_bytes'] / MB:,.0f} |",
             f"| measured (nvidia-smi, the anatomy page) | {SEED_MEASURED_MB:,} |",
             f"| estimate - measured | {(seed['peak_bytes'] / MB - SEED_MEASURED_MB):+,.0f} "
@@ -38,7 +38,8 @@ def seed_table() -> list[str]:
 
 
 def pr_31629_table() -> list[str]:
-    rows = ["| per-device batch | max length | checkpointing | padded MB | packed MB | change |", "|---|---|---|---|---|---|"]
+    rows = ["| per-device batch | max length | checkpointing | padded MiB | packed MiB | change |",
+            "|---|---|---|---|---|---|"]
     for batch_size, seq_length, checkpointing in ((4, 1024, False), (8, 1024, False), (8, 1024, True),
                                                   (16, 2048, True)):
         peaks = {}
@@ -59,7 +60,8 @@ def pr_31629_table() -> list[str]:
 def korthikanti_table() -> list[str]:
     config = load_config("Llama-2-7b-hf")
     h, a, layers = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
-    rows = ["| s x b | Korthikanti full | Korthikanti, no scores | this estimate, sdpa | this estimate, flash (CUDA) |",
+    rows = ["| s x b | Korthikanti, scores kept | Korthikanti, no scores | this estimate, sdpa | "
+            "this estimate, flash (CUDA) |",
             "|---|---|---|---|---|"]
     for s, b in ((2048, 1), (4096, 1)):
         full = s * b * h * (34 + 5 * a * s / h)
@@ -70,8 +72,8 @@ def korthikanti_table() -> list[str]:
             terms = estimate_memory_detail(config, StepShape(b, s), settings).activation_terms
             per_layer = sum(v for k, v in terms.items() if k.startswith("layers.") or k.startswith("attention_"))
             ours[attention] = per_layer / layers
-        rows.append(f"| {s} x {b} | {full / MB:,.0f} MB | {no_scores / MB:,.0f} MB | {ours['sdpa'] / MB:,.0f} MB | "
-                    f"{ours['flash_attention_2'] / MB:,.0f} MB |")
+        rows.append(f"| {s} x {b} | {full / MB:,.0f} MiB | {no_scores / MB:,.0f} MiB | {ours['sdpa'] / MB:,.0f} MiB | "
+                    f"{ours['flash_attention_2'] / MB:,.0f} MiB |")
     return rows
 
 

@@ -43,7 +43,7 @@ def add_plan_parser(commands) -> None:
     parser.add_argument("--device", default=defaults.device, choices=("cuda", "cpu"))
     parser.add_argument("--gpu-gb", default=defaults.gpu_gb, help="GPU size for the largest batch and length")
     parser.add_argument("--context-gb", default=None,
-                        help=f"measured CUDA context per process (default: {DEFAULT_CUDA_CONTEXT_GB} GiB assumed on cuda)")
+                        help=f"measured CUDA context per process (default on cuda: {DEFAULT_CUDA_CONTEXT_GB} GiB)")
     parser.add_argument("--seed", default=defaults.seed, help="for the length profile's sample")
     parser.add_argument("--json", metavar="PATH", help="write the plan here")
 

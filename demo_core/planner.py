@@ -275,24 +275,48 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
     return low
 
 
+@dataclasses.dataclass(frozen=True)
+class _Planning:
+    """A validated request with what every estimate of it needs."""
+
+    request: PlanRequest
+    config: PretrainedConfig
+    settings: TrainingSettings
+    lengths: list[int] | None  # the dataset's example lengths, if planned from a length profile
+
+    @classmethod
+    def of(cls, request: PlanRequest) -> "_Planning":
+        request = request.validated()
+        config = load_config(request.model)
+        lengths = dataset_lengths(request.dataset, request.samples, request.seed) if request.dataset else None
+        return cls(request, config, training_settings(request, config), lengths)
+
+    def estimate(self, batch_size: int, seq_length: int, packed: bool) -> DeviceEstimate:
+        step = step_shape(batch_size, seq_length, packed, self.lengths)
+        try:
+            return per_device_estimate(self.config, step, self.settings, self.request.gpus, self.request.shard)
+        except DemoInputError:
+            raise
+        except (ValueError, KeyError, TypeError, RuntimeError) as error:  # an architecture the probe cannot run
+            raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models: {error}") from None
+
+
+def device_estimate(request: PlanRequest) -> DeviceEstimate:
+    """The per-device estimate of the request alone, without the searches and the curve of `plan`."""
+    planning = _Planning.of(request)
+    request = planning.request
+    return planning.estimate(request.batch_size, request.seq_length, request.packed)
+
+
 def plan(request: PlanRequest) -> Plan:
-    request = request.validated()
-    config = load_config(request.model)
-    settings = training_settings(request, config)
-    lengths = dataset_lengths(request.dataset, request.samples, request.seed) if request.dataset else None
+    planning = _Planning.of(request)
+    request, config, lengths = planning.request, planning.config, planning.lengths
     budget_bytes = request.gpu_gb * _GIB
 
     def peak(batch_size: int, seq_length: int, packed: bool = request.packed) -> int:
-        step = step_shape(batch_size, seq_length, packed, lengths)
-        return per_device_estimate(config, step, settings, request.gpus, request.shard).peak_bytes
+        return planning.estimate(batch_size, seq_length, packed).peak_bytes
 
-    step = step_shape(request.batch_size, request.seq_length, request.packed, lengths)
-    try:
-        device = per_device_estimate(config, step, settings, request.gpus, request.shard)
-    except DemoInputError:
-        raise
-    except (ValueError, KeyError, TypeError, RuntimeError) as error:  # an architecture the probe cannot build/run
-        raise DemoInputError(f"cannot estimate memory for {config.model_type} models: {error}") from None
+    device = planning.estimate(request.batch_size, request.seq_length, request.packed)
     positions = max_positions(config) or 131072
     batch_cap = min(_MAX_SEARCH_BATCH, len(lengths)) if lengths else _MAX_SEARCH_BATCH
     max_batch = largest_fitting(lambda b: peak(b, request.seq_length) <= budget_bytes, 1, batch_cap)
@@ -307,7 +331,8 @@ def plan(request: PlanRequest) -> Plan:
                      "roughly 3-4x fewer tokens of English text")
     if request.device == "cuda" and request.context_gb is None:
         notes.append(f"CUDA context assumed {DEFAULT_CUDA_CONTEXT_GB} GiB; pass a measured one (--context-gb)")
-    return Plan(request, config.model_type, settings.attention, step, device,
+    step = step_shape(request.batch_size, request.seq_length, request.packed, lengths)
+    return Plan(request, config.model_type, planning.settings.attention, step, device,
                 {gb: device.peak_bytes <= gb * _GIB for gb in GPU_SIZES_GB}, max_batch, max_seq, scaling, notes)
 
 
