@@ -18,10 +18,11 @@ divided.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -162,12 +163,13 @@ def training_settings(request: PlanRequest, config: PretrainedConfig) -> Trainin
 
 # ---- the step: a batch of one size, or the worst batch of a dataset's length profile -----------------------------
 
-def dataset_lengths(dataset: str, samples: int, seed: int) -> list[int]:
+@functools.lru_cache(maxsize=16)  # the page asks again for every change of a setting
+def dataset_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
     """Example lengths of a dataset in the byte-level tokens the presets train on (untruncated)."""
-    return [len(ids) for ids in data.load(dataset, byte_tokenizer(), samples, seed, max_length=1 << 30).examples]
+    return tuple(len(ids) for ids in data.load(dataset, byte_tokenizer(), samples, seed, max_length=1 << 30).examples)
 
 
-def step_shape(batch_size: int, seq_length: int, packed: bool, lengths: list[int] | None = None) -> StepShape:
+def step_shape(batch_size: int, seq_length: int, packed: bool, lengths: Sequence[int] | None = None) -> StepShape:
     """`batch_size` examples of `seq_length` tokens, or from a length profile the batch that needs the most memory:
     consecutive batches of examples cut to `seq_length`, padded to their longest or packed into one row."""
     if lengths is None:
@@ -282,7 +284,7 @@ class _Planning:
     request: PlanRequest
     config: PretrainedConfig
     settings: TrainingSettings
-    lengths: list[int] | None  # the dataset's example lengths, if planned from a length profile
+    lengths: tuple[int, ...] | None  # the dataset's example lengths, if planned from a length profile
 
     @classmethod
     def of(cls, request: PlanRequest) -> "_Planning":
