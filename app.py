@@ -3,7 +3,8 @@
 Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT move it). API endpoints for
 `gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
 both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length, precision, optimizer,
-dataset_file); `/history` (the saved runs this client may see, one summary each) and `/delete_runs`.
+dataset_file); `/history` (the saved runs this client may see, one summary each), `/delete_runs`, and
+`/plan` (the memory planner, planner_page.py).
 
 What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
 and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
@@ -33,6 +34,7 @@ from serving.errors import user_errors  # noqa: E402
 from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
 from serving.sessions import Session  # noqa: E402
 from serving.uploads import Upload  # noqa: E402
+import planner_page  # noqa: E402
 
 LIMITS = Limits.from_env()
 HISTORY = RunHistory(data_dir())
@@ -327,6 +329,7 @@ def build_demo() -> gr.Blocks:
                 inputs = _settings_column()
             with gr.Column(scale=3):
                 views = _views_column()
+        planner_page.build_planner_section(user_errors)
         page_inputs = [inputs.model, inputs.dataset, inputs.upload, inputs.samples, inputs.collators, inputs.steps,
                        inputs.batch_size, inputs.attention, inputs.precision, inputs.optimizer, inputs.seed,
                        inputs.max_length]

@@ -136,6 +136,12 @@ def _buckets(starts: np.ndarray, lengths: np.ndarray) -> list[tuple[np.ndarray, 
     return buckets
 
 
+
+def bucket_shapes(lengths: list[int]) -> list[tuple[int, int]]:
+    """(segments, padded length) of each SDPA call the CPU path makes for these segment lengths (memory estimate)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return [gather.shape for gather, _ in _buckets(np.zeros(len(lengths), dtype=np.int64), lengths)]
+
 def find_segments(batch: int, seq_len: int, device: torch.device, attention_mask=None, position_ids=None,
                   cu_seq_lens=None, mask_breaks: np.ndarray | None = None) -> Segments:
     """Segments from `cu_seq_lens` (one packed row) or `position_ids` restarts, the 2-D padding mask, and
@@ -429,16 +435,16 @@ AttentionMaskInterface.register(VARLEN, varlen_mask)
 # ---- capability table and backend choice ------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _model_class(config_class: type):
+def model_class(config_class: type):
     return AutoModelForCausalLM._model_mapping[config_class]
 
 
-def routes_through_attention_interface(model_class: type) -> bool:
+def routes_through_attention_interface(causal_lm_class: type) -> bool:
     """Whether the model's attention layers look their function up in transformers' AttentionInterface, the only
     way a registered attention such as varlen ever runs. transformers' own test for it (it reads the modeling
     source for `ALL_ATTENTION_FUNCTIONS.get_interface(`); the class flag `_supports_attention_backend` is missing on
     families that do route through it (stablelm)."""
-    return model_class._can_set_attn_implementation()
+    return causal_lm_class._can_set_attn_implementation()
 
 
 def _varlen_on_device(device: str) -> str:
@@ -458,17 +464,17 @@ def capability(config: PretrainedConfig, attention: str, device: str) -> tuple[b
     """
     family = config.model_type
     try:
-        model_class = _model_class(type(config))
+        causal_lm_class = model_class(type(config))
     except KeyError:
         return False, f"{family} is not a causal language model that transformers knows"
     if attention == "eager":
         return True, "reference implementation; packed rows get a dense (Σs)² block-diagonal mask"
     if attention == "sdpa":
-        if not getattr(model_class, "_supports_sdpa", False):
+        if not getattr(causal_lm_class, "_supports_sdpa", False):
             return False, f"{family} has no sdpa attention in transformers (e.g. Gemma 2's soft-capping)"
         return True, "packed rows get a dense (Σs)² block-diagonal mask: correct, can be slower than padding"
     if attention == VARLEN:
-        if not routes_through_attention_interface(model_class):
+        if not routes_through_attention_interface(causal_lm_class):
             return False, (f"{family} computes attention in its own code, not through transformers' "
                            f"AttentionInterface, so varlen would never run")
         if getattr(config.get_text_config(), "attn_logit_softcapping", None):
@@ -479,7 +485,7 @@ def capability(config: PretrainedConfig, attention: str, device: str) -> tuple[b
             return False, "flash_attention_2 needs a CUDA GPU"
         if not is_flash_attn_2_available():
             return False, "flash_attention_2 needs the flash-attn package (pip install -r requirements-gpu.txt)"
-        if not getattr(model_class, "_supports_flash_attn", False):
+        if not getattr(causal_lm_class, "_supports_flash_attn", False):
             return False, f"{family} has no flash_attention_2 support in transformers"
         return True, "the blog's path: Σs² cost with cu_seq_lens from the collator"
     return False, f"unknown attention {attention!r}"

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
-from . import memory
+from . import memory_estimate, memory_measure
 from .collators import BatchStats, CollatorSpec
 from .distributed import merge_ranks
 from .models import ModelSource
@@ -76,7 +76,7 @@ class StepRecorder(TrainerCallback):
 
 
 class MemoryRecorder(TrainerCallback):
-    """Measures memory per category during the burst (see memory.py for what each number is).
+    """Measures memory per category during the burst (see memory_measure.py for what each number is).
 
     Saved activations are metered in step 1 only: the saved-tensor hook runs Python for every saved tensor, and
     step 1 is the warm-up step that throughput leaves out anyway. Weights, gradients and optimizer state are summed
@@ -86,8 +86,8 @@ class MemoryRecorder(TrainerCallback):
 
     def __init__(self, model: torch.nn.Module, device: str):
         self.model = model
-        self.meter = memory.SavedActivationMeter(model)
-        self.peaks = memory.PhasePeaks(device)
+        self.meter = memory_measure.SavedActivationMeter(model)
+        self.peaks = memory_measure.PhasePeaks(device)
         self.measured: dict | None = None
         self._forward_hook = model.register_forward_hook(self._mark_forward_end)
 
@@ -112,8 +112,8 @@ class MemoryRecorder(TrainerCallback):
         self.peaks.mark("optimizer_step")
         if self.measured is None:
             self._meter_hook.remove()
-            snapshot = memory.device_memory_snapshot(self.peaks.device)
-            self.measured = memory.measured_categories(self.model, optimizer, self.meter, snapshot)
+            snapshot = memory_measure.device_memory_snapshot(self.peaks.device)
+            self.measured = memory_measure.measured_categories(self.model, optimizer, self.meter, snapshot)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._forward_hook.remove()
@@ -124,18 +124,19 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
     lengths = first_batch.lengths
     if spec.layout == "padded":
-        shape = dict(batch_size=len(lengths), seq_len=max(lengths), real_tokens=sum(lengths))
+        step = memory_estimate.StepShape.padded(lengths)
+    elif spec.layout == "naive":
+        # One row without position restarts: attention runs over the whole row, as over one unpadded example.
+        step = memory_estimate.StepShape(1, sum(lengths))
     else:
-        # One row; naive concatenation attends over the whole row as a single segment.
-        segments = [sum(lengths)] if spec.layout == "naive" else lengths
-        shape = dict(batch_size=1, seq_len=sum(lengths), real_tokens=sum(lengths), packed=True,
-                     segment_lengths=segments)
+        step = memory_estimate.StepShape.packed_row(lengths)
     measured = recorder.measured or {}
-    estimate = memory.estimate_memory_detail(
-        source.config, **shape, precision=settings.precision, optimizer=settings.optimizer, attention=attention,
-        gradient_checkpointing=settings.gradient_checkpointing, context_bytes=measured.get("context"),
-        device_type=settings.device,
-    )
+    estimate = memory_estimate.estimate_memory_detail(source.config, step, memory_estimate.TrainingSettings(
+        precision=settings.precision, optimizer=settings.optimizer, attention=attention,
+        gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
+        context_bytes=measured.get("context"),
+        loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
+    ))
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
     else:
@@ -143,7 +144,7 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
         # forward, when saved activations peak, as measured: weights + optimizer state + saved activations.
         peak_bytes = sum(measured.get(c) or 0 for c in ("weights", "optimizer", "activations")) or None
         peak_moment = "forward_end"
-    report = memory.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
+    report = memory_measure.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
     report["phase_peaks"] = dict(recorder.peaks.peaks)

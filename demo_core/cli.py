@@ -10,6 +10,7 @@ import sys
 
 from . import distributed
 from .attention import capability_table
+from .cli_plan import add_plan_parser, run_plan
 from .collators import collator_names
 from .config import ATTENTION_NAMES, DEVICE_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, RunConfig
 from .engine import run_comparison
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", metavar="PATH", help="write the full result document here")
     caps = commands.add_parser("capabilities", help="which attention path works for which model family and device")
     caps.add_argument("--models", default="tiny-llama,tiny-mistral,tiny-qwen2,tiny-gemma,tiny-phi3,tiny-granite,tiny-gpt2")
+    add_plan_parser(commands)
     return parser
 
 
@@ -80,7 +82,7 @@ def _capabilities(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        {"compare": _compare, "capabilities": _capabilities}[args.command](args)
+        {"compare": _compare, "capabilities": _capabilities, "plan": run_plan}[args.command](args)
     except DemoInputError as error:
         print(f"error: {error}", file=sys.stderr)
         distributed.wait_for_failing_ranks()  # under a launcher: let every rank print it before any exits

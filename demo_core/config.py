@@ -17,6 +17,12 @@ ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# Memory estimates (memory_estimate.py) and the planner (planner.py) answer for more than a run can train: resolved
+# names only ("auto" is picked before estimating), plus settings estimated but never trained here: bitsandbytes'
+# 8-bit AdamW, Adafactor, and pure bf16 (bf16 weights, gradients and optimizer state; no fp32 master copy).
+ESTIMATE_PRECISION_NAMES = tuple(name for name in PRECISION_NAMES if name != "auto") + ("pure-bf16",)
+ESTIMATE_OPTIMIZER_NAMES = OPTIMIZER_NAMES + ("adamw_8bit", "adafactor")
+ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +63,7 @@ def parse_collators(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     return names
 
 
-def _as_int(name: str, value) -> int:
+def as_int(name: str, value) -> int:
     """Integers from the CLI, the UI (floats from sliders) and the API (anything a client sends)."""
     if isinstance(value, bool):
         raise DemoInputError(f"{name} must be a whole number, got {value!r}")
@@ -73,7 +79,7 @@ def _as_int(name: str, value) -> int:
     raise DemoInputError(f"{name} must be a whole number, got {value!r}")
 
 
-def _as_float(name: str, value) -> float:
+def as_float(name: str, value) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -103,12 +109,12 @@ class RunConfig:
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field."""
         limits = limits or Limits()
-        samples = _as_int("samples", self.samples)
-        steps = _as_int("steps", self.steps)
-        batch_size = _as_int("batch size", self.batch_size)
-        seed = _as_int("seed", self.seed)
-        max_length = _as_int("max length", self.max_length)
-        learning_rate = _as_float("learning rate", self.learning_rate)
+        samples = as_int("samples", self.samples)
+        steps = as_int("steps", self.steps)
+        batch_size = as_int("batch size", self.batch_size)
+        seed = as_int("seed", self.seed)
+        max_length = as_int("max length", self.max_length)
+        learning_rate = as_float("learning rate", self.learning_rate)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DemoInputError("choose a model: a preset name, a hub id or a local folder")
         if not isinstance(self.dataset, str) or not self.dataset.strip():

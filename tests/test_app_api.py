@@ -25,7 +25,7 @@ def client(lab_app):
 
 def test_api_exposes_compare_preview_history_and_delete_runs_only(client, lab_app):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/delete_runs"}
+    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/delete_runs", "/plan"}
     assert not endpoints["unnamed_endpoints"]
     for name in ("/compare", "/preview"):
         parameters = endpoints["named_endpoints"][name]["parameters"]
@@ -49,6 +49,13 @@ def test_positional_calls_of_the_original_nine_arguments_still_work(client):
     numbers = client.predict("tiny-llama", "orcamath-like", 12, "padded", 2, 4, "auto", 3, 512, "fp32", "sgd",
                              api_name="/preview")
     assert (numbers["config"]["precision"], numbers["config"]["optimizer"]) == ("fp32", "sgd")
+
+
+def test_plan_answers_without_training(client):
+    plan = client.predict(model="Qwen2.5-0.5B", batch_size=4, seq_length=1024, dataset="orcamath-like", packed=True,
+                          api_name="/plan")
+    assert {"per_device", "total_bytes", "peak_moment", "fits", "max_batch_size", "max_seq_length"} <= set(plan)
+    assert plan["fits"]["80"] and plan["max_batch_size"] >= 4
 
 
 def test_compare_with_defaults_gives_sane_numbers(client, lab_app):

@@ -1,0 +1,494 @@
+"""Saved-activation bytes of any transformers model at any size, fitted exactly from tiny copies of it run on the CPU.
+
+What autograd keeps for backward depends on every line of a model's forward (q/k norms, post-norms, fused
+projections, what the activation saves, a partial-rotary `cat` that forces a copy, what the loss upcasts). A formula
+per architecture needs a list of model types and goes stale with the next one. Here the model's own code answers:
+
+1. The same config class is built small: the widths (head_dim, hidden size, intermediate sizes, vocabulary) are
+   replaced by small values, everything else keeps its real value (head counts, rotary fraction, norms, biases,
+   activation, MoE expert counts), with two decoder layers per kind of layer (`layer_types`, `no_rope_layers`, ...).
+2. It runs forwards at a few token shapes under `saved_tensors_hooks`, counting every storage once and parameters
+   never, exactly as `SavedActivationMeter` does, split by where the save happened: per decoder layer (by part:
+   norms, attention, MLP), once per model (embeddings, head and loss) or shared by several layers (rotary tables).
+3. Every saved tensor holds (a token count) x (one width or 1): bytes are bilinear in a few token monomials
+   (B*S, S, B, 1 and the quadratic B*S^2, S^2 of masks and scores; T, 1, T^2 for a packed row) and the widths.
+   A least-squares fit over more points than unknowns recovers the coefficients; its residual says whether the
+   architecture really is bilinear (it is for every dense decoder tried, to the byte) and is kept as a note.
+4. The fit is evaluated at the real widths and token shape: L layers of each kind, plus the once-per-model parts.
+
+Left to formulas in memory_estimate.py: autocast's half copies of weights (widths squared) and the kernel of
+varlen / flash_attention_2 (its buffers follow the segment lengths, which a fit over token counts cannot see; the
+probe runs the real varlen function with its kernel's saved tensors set aside). LoRA is emulated as peft computes
+it (frozen base, base(x) + B(A(x)) * scale), so autograd itself leaves out what a frozen layer does not need.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from .lora import apply_lora
+from .memory_measure import storage_key
+
+# Config fields the probe shrinks when present as integers; every other field keeps its real value, so it is exact
+# by construction (only slower when large).
+_WIDTH_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_hidden_size",
+                 "n_inner")
+# Fields named like widths that are not (a sliding window equal to the hidden size stays a window).
+_NOT_WIDTHS = ("hidden_size", "vocab_size", "sliding_window", "max_position_embeddings", "max_window_layers")
+_VOCAB_POINTS = (64, 96)  # probe vocabulary sizes: base and bumped
+_WIDTH_POINTS = (24, 36)
+_HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (explicit head_dim)
+# Token shapes. Odd sizes keep every token-sized dimension away from the widths above, so a saved activation never
+# has the shape of a weight (see `_is_weight_copy`).
+_ROWS_POINTS = (2, 3)
+_SEQ_POINTS = (7, 11, 13)
+_PACKED_POINTS = (17, 23, 29)
+
+ATTENTION_KERNEL_EXCLUDED = "packing_lab_probe_kernel"  # attention whose kernel the formulas count instead
+_probe_state = threading.local()
+
+
+def _kernel_stand_in(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Stands in for the varlen / flash_attention_2 kernel: what it saves is set aside (the formulas count it); what
+    it returns has their layout, a fresh contiguous (batch, seq, heads, head_dim) tensor that o_proj then saves."""
+    _probe_state.in_kernel = True
+    _probe_state.kernel_heads = (query.shape[1], key.shape[1])  # as the model's code shapes them
+    try:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=getattr(module, "is_causal", True),
+                                             scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        # a copy even when SDPA's layout makes the transpose contiguous: the varlen kernels return a new tensor
+        return out.transpose(1, 2).clone(memory_format=torch.contiguous_format), None
+    finally:
+        _probe_state.in_kernel = False
+
+
+AttentionInterface.register(ATTENTION_KERNEL_EXCLUDED, _kernel_stand_in)
+AttentionMaskInterface.register(ATTENTION_KERNEL_EXCLUDED, flash_attention_mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSpec:
+    """Everything besides sizes that changes what autograd saves."""
+
+    layout: str  # "packed": one row, positions restart per segment; "masked": rows with a padding mask; "rows": none
+    single_row: bool  # batch of one row (a batch of several rows is fitted over 2 and 3 rows)
+    precision: str  # fp32 | bf16 | fp16 (autocast over fp32 weights) | pure-bf16 (bf16 weights, no autocast)
+    attention: str  # attn_implementation the probe runs: sdpa, eager or ATTENTION_KERNEL_EXCLUDED
+    checkpointing: bool
+    lora_rank: int = 0  # 0: every parameter trains
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    fused_lm_head: bool = False  # TRL SFTTrainer's loss: log-probs from the LM head in chunks, no full logits
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationFit:
+    """Fitted bytes as coefficients over (token monomials) x (1, widths); `evaluate` applies them."""
+
+    targets: tuple[str, ...]
+    coefficients: np.ndarray  # (basis size, targets)
+    quadratic_columns: np.ndarray  # bool per basis column: its token monomial is quadratic in tokens
+    width_names: tuple[str, ...]
+    spec: ProbeSpec
+    residual_bytes: float  # largest misfit over the probe points: 0 when the architecture is bilinear
+    kernel_heads: tuple[int, int] | None  # (query heads, key/value heads) the excluded kernel received
+
+    def evaluate(self, config: Any, rows: int, seq_len: int) -> tuple[dict[str, int], dict[str, int]]:
+        """(linear part, quadratic part) per target for `rows` x `seq_len` tokens of the real-width model."""
+        widths = [_real_width(config, name) for name in self.width_names]
+        basis = _basis(_token_monomials(self.spec, rows, seq_len), widths)
+        contributions = basis[:, None] * self.coefficients
+        linear = contributions[~self.quadratic_columns].sum(axis=0)
+        quadratic = contributions[self.quadratic_columns].sum(axis=0)
+        return ({t: int(round(v)) for t, v in zip(self.targets, linear)},
+                {t: int(round(v)) for t, v in zip(self.targets, quadratic)})
+
+
+# ---- widths -----------------------------------------------------------------------------------------------------
+
+def head_dim(config: Any) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def _rotary_fraction(config: Any) -> float:
+    """The fraction of head_dim that rotary embeddings rotate (partial rotary in phi, stablelm, gpt-neox, glm)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    for value in (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None,
+                  getattr(config, "partial_rotary_factor", None), getattr(config, "rotary_pct", None)):
+        if value:
+            return float(value)
+    return 1.0
+
+
+def _probe_head_dims(config: Any) -> tuple[int, int]:
+    """Two small head dims whose rotary part is a whole, even number of channels (rotate_half halves it)."""
+    fraction = _rotary_fraction(config)
+    for base in range(8, 129, 8):
+        rotary = base * fraction
+        if rotary == int(rotary) and int(rotary) % 2 == 0:
+            return base, 2 * base
+    raise ValueError(f"no small head_dim gives a whole rotary width for partial rotary factor {fraction}")
+
+
+def _hidden_is_tied(config: Any) -> bool:
+    return config.hidden_size == config.num_attention_heads * head_dim(config)
+
+
+def _width_names(config: Any) -> tuple[str, ...]:
+    names = ["head_dim"] + ([] if _hidden_is_tied(config) else ["hidden_size"])
+    names += [f for f in _WIDTH_FIELDS if isinstance(getattr(config, f, None), int)]
+    return tuple(names + ["vocab_size"])
+
+
+def _real_width(config: Any, name: str) -> int:
+    return head_dim(config) if name == "head_dim" else int(getattr(config, name))
+
+
+def _width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
+    """Base point, one point per width bumped alone, and every width bumped (a check the fit must also meet)."""
+    low_d, high_d = _probe_head_dims(config)
+    choices = {"head_dim": (low_d, high_d), "hidden_size": _HIDDEN_POINTS, "vocab_size": _VOCAB_POINTS}
+    choices.update({name: _WIDTH_POINTS for name in names if name not in choices})
+    base = {name: choices[name][0] for name in names}
+    points = [base] + [{**base, name: choices[name][1]} for name in names]
+    return points + [{name: choices[name][1] for name in names}]
+
+
+# ---- the small model --------------------------------------------------------------------------------------------
+
+def _layer_kinds(config: Any) -> tuple[list[str], list[int], list[int]]:
+    """Per-layer config lists (layer_types, no_rope_layers, ...), the kind of each real layer, and the real layers
+    of each kind, as (list names, probe layer kinds (two layers per kind), real layer count per kind)."""
+    layers = int(config.num_hidden_layers)
+    lists = [name for name, value in config.to_dict().items()
+             if isinstance(value, (list, tuple)) and len(value) == layers and layers > 1]
+    signatures = [tuple(str(getattr(config, name)[i]) for name in lists) for i in range(layers)]
+    kinds = list(dict.fromkeys(signatures))
+    first_layer_of_kind = [signatures.index(kind) for kind in kinds]
+    return lists, [i for i in first_layer_of_kind for _ in range(2)], [signatures.count(kind) for kind in kinds]
+
+
+def _probe_config(config: Any, widths: dict[str, int]) -> Any:
+    small = copy.deepcopy(config)
+    lists, probe_layers, _ = _layer_kinds(config)
+    for name in lists:
+        values = getattr(config, name)
+        setattr(small, name, [values[i] for i in probe_layers])
+    small.num_hidden_layers = len(probe_layers)
+    if _hidden_is_tied(config):
+        small.hidden_size = config.num_attention_heads * widths["head_dim"]
+    if "head_dim" in config.to_dict():  # a stored field (some configs compute it in a read-only property)
+        small.head_dim = widths["head_dim"]
+    for name, value in widths.items():
+        if name != "head_dim":
+            setattr(small, name, value)
+    # A config's __init__ may have resolved a width to the hidden size (OPT's word_embed_proj_dim): shrunk alone, the
+    # hidden size would make the two differ and add layers (OPT's project_in/out) the real model does not have.
+    for name, value in config.to_dict().items():
+        if (name.endswith(("_dim", "_size")) and name not in widths and name not in _NOT_WIDTHS
+                and value == config.hidden_size):
+            setattr(small, name, small.hidden_size)
+    # Special token ids of a real vocabulary would point outside the small one (padding_idx, ...).
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id"):
+        if isinstance(getattr(small, name, None), int):
+            setattr(small, name, 0)
+        elif isinstance(getattr(small, name, None), list):
+            setattr(small, name, [0])
+    small.use_cache = False
+    return small
+
+
+def model_class_for(config: Any) -> type:
+    """Sequence classification when the config's architectures say so (the anatomy page's BERT), else causal LM."""
+    if any(name.endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or []):
+        return AutoModelForSequenceClassification
+    return AutoModelForCausalLM
+
+
+def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> torch.nn.Module:
+    small = _probe_config(config, widths)
+    dtype = torch.bfloat16 if spec.precision == "pure-bf16" else torch.float32
+    with torch.random.fork_rng(devices=[]):  # the probe must not move the caller's random stream
+        torch.manual_seed(0)
+        model = model_class_for(config).from_config(small, attn_implementation=spec.attention, dtype=dtype)
+    model.train()
+    if spec.fused_lm_head:
+        from trl.trainer.utils import add_fused_lm_head  # TRL patches the model's forward; before LoRA, as it says
+
+        add_fused_lm_head(model)
+    if spec.lora_rank:
+        apply_lora(model, spec.lora_rank, spec.lora_targets)
+    if spec.checkpointing:
+        model.activation_checkpointing_enable()  # Trainer's default: non-reentrant; the layer inputs are saved
+    return model
+
+
+def decoder_layers(model: torch.nn.Module, count: int) -> torch.nn.ModuleList:
+    """The model's list of `count` decoder (or encoder) layers."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise ValueError(f"{type(model).__name__} has no list of {count} layers to attribute saved tensors to")
+
+
+# ---- one forward, attributed --------------------------------------------------------------------------------------
+
+_PART_BY_CLASS_NAME = (("Norm", "norms"), ("Attention", "attention"), ("Attn", "attention"), ("MLP", "mlp"),
+                       ("Mlp", "mlp"), ("FeedForward", "mlp"), ("Expert", "mlp"), ("Moe", "mlp"), ("MoE", "mlp"),
+                       ("Intermediate", "mlp"))
+
+
+def _part_of(stack: list[torch.nn.Module]) -> str:
+    """The part of a layer a save happened in: the innermost module whose class name says norm, attention or MLP."""
+    for module in reversed(stack):
+        name = type(module).__name__
+        for marker, part in _PART_BY_CLASS_NAME:
+            if marker in name:
+                return part
+    return "layer_other"
+
+
+def _dropout_scales(config: Any) -> set[float]:
+    """1/(1-p) for every dropout probability in the config: the values of a CPU dropout mask (float, scaled)."""
+    scales = set()
+    for name, value in config.to_dict().items():
+        if ("dropout" in name or name.endswith("pdrop")) and isinstance(value, float) and 0 < value < 1:
+            scales.add(1.0 / (1.0 - value))
+    return scales
+
+
+class _SaveRecorder:
+    """Saved-tensor hooks + module hooks: bytes per (where, part) for one forward of a probe model."""
+
+    def __init__(self, model: torch.nn.Module, config: Any, layer_count: int):
+        self.stack: list[torch.nn.Module] = []
+        self.layer: int | None = None
+        self.after_layers = False
+        self.dropout_scales = _dropout_scales(config)
+        layers = decoder_layers(model, layer_count)
+        for index, layer in enumerate(layers):
+            layer.register_forward_pre_hook(lambda *_, index=index: self._enter_layer(index))
+            layer.register_forward_hook(lambda *_: self._leave_layer())
+        # Hooks must return None: a value returned by a forward hook would replace the module's output.
+        for module in model.modules():
+            module.register_forward_pre_hook(self._enter_module)
+            module.register_forward_hook(self._leave_module)
+        self.param_keys = {storage_key(p)[:2] for p in model.parameters()}
+        self.weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+        self.weight_shapes |= {shape[::-1] for shape in self.weight_shapes}
+
+    def _enter_module(self, module: torch.nn.Module, *_: Any) -> None:
+        self.stack.append(module)
+
+    def _leave_module(self, *_: Any) -> None:
+        self.stack.pop()
+
+    def _enter_layer(self, index: int) -> None:
+        self.layer = index
+
+    def _leave_layer(self) -> None:
+        self.layer, self.after_layers = None, True
+
+    def _is_weight_copy(self, t: torch.Tensor) -> bool:
+        # Autocast's half copy of a weight: 2-D, weight-shaped, not fp32. Token dimensions never match a width.
+        return t.dim() == 2 and t.dtype != torch.float32 and tuple(t.shape) in self.weight_shapes
+
+    def _is_dropout_mask(self, t: torch.Tensor) -> bool:
+        if not self.dropout_scales or t.requires_grad or not t.is_floating_point():
+            return False
+        values = set(torch.unique(t.detach().float()).tolist()) - {0.0}
+        return len(values) == 1 and any(abs(values.pop() - s) < 1e-3 * s for s in self.dropout_scales)
+
+    def run(self, model: torch.nn.Module, batch: dict, autocast: bool) -> dict[tuple, int]:
+        self.layer, self.after_layers, self.stack = None, False, []
+        seen: dict[tuple, list] = {}  # storage key -> [bytes, first place, every place]
+        kernel_keys: set[tuple] = set()
+        keep: list[torch.Tensor] = []  # saved tensors stay alive until the count is done: no address reuse
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            key = storage_key(t)
+            if key[:2] in self.param_keys or key in kernel_keys or self._is_weight_copy(t):
+                return t
+            if getattr(_probe_state, "in_kernel", False):
+                kernel_keys.add(key)
+                return t
+            keep.append(t)
+            mask = self._is_dropout_mask(t)
+            if self.layer is not None:
+                place = ("layer", self.layer, "dropout_masks" if mask else _part_of(self.stack))
+            else:
+                place = ("model", "dropout_masks" if mask else "head_and_loss" if self.after_layers else "embeddings")
+            seen.setdefault(key, [key[2], place, set()])[2].add(place[:2])
+            return t
+
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+            model(**batch)
+        totals: dict[tuple, int] = {}
+        for nbytes, place, places in seen.values():
+            if len(places) > 1:
+                place = ("model", "shared_across_layers")  # rotary tables, masks, index tensors of the kernel
+            totals[place] = totals.get(place, 0) + nbytes
+        keep.clear()
+        return totals
+
+
+def _batch(config: Any, spec: ProbeSpec, rows: int, seq_len: int, vocab: int) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (rows, seq_len), generator=generator)
+    batch: dict[str, Any] = {"input_ids": ids}
+    labels = ids.clone()
+    if spec.layout == "packed":
+        third = seq_len // 3
+        lengths = [third, third, seq_len - 2 * third]
+        batch["position_ids"] = torch.cat([torch.arange(n) for n in lengths])[None]
+    elif spec.layout == "masked":
+        lengths = torch.full((rows,), seq_len)
+        lengths[1:] = seq_len // 2
+        if rows == 1:
+            lengths[0] = seq_len - 2
+        mask = (torch.arange(seq_len)[None] < lengths[:, None]).long()
+        batch["attention_mask"] = mask
+        labels = labels.masked_fill(mask == 0, -100)
+    if model_class_for(config) is AutoModelForSequenceClassification:
+        labels = torch.randint(0, int(getattr(config, "num_labels", 2)), (rows,), generator=generator)
+    else:
+        batch["use_cache"] = False
+    if spec.fused_lm_head:
+        batch["fused_lm_head"] = True
+    batch["labels"] = labels
+    return batch
+
+
+# ---- the fit -------------------------------------------------------------------------------------------------------
+
+def _token_monomials(spec: ProbeSpec, rows: int, seq_len: int) -> list[tuple[float, bool]]:
+    """(value, quadratic in tokens) of each token monomial: for a packed row T = seq_len, else B rows of S slots."""
+    if spec.layout == "packed":
+        return [(1, False), (seq_len, False), (seq_len ** 2, True)]
+    row_terms = [(1, False)] if spec.single_row else [(1, False), (rows, False)]
+    return [(r * s, quadratic) for (r, _), (s, quadratic) in
+            itertools.product(row_terms, [(1, False), (seq_len, False), (seq_len ** 2, True)])]
+
+
+def _basis(monomials: list[tuple[float, bool]], widths: list[int]) -> np.ndarray:
+    return np.array([m * w for m, _ in monomials for w in [1, *widths]], dtype=float)
+
+
+def _token_points(spec: ProbeSpec) -> list[tuple[int, int]]:
+    if spec.layout == "packed":
+        return [(1, t) for t in _PACKED_POINTS]
+    rows = (1,) if spec.single_row else _ROWS_POINTS
+    return [(r, s) for r in rows for s in _SEQ_POINTS]
+
+
+def _targets_of(totals: dict[tuple, int], layer_counts: list[int]) -> dict[str, float]:
+    """Per probe forward: bytes of the real model's L layers per part (layers of a kind: the mean of its two probe
+    layers x its real count), the largest single layer, and the once-per-model parts."""
+    targets: dict[str, float] = {}
+    per_kind_total = [0.0] * len(layer_counts)
+    for place, nbytes in totals.items():
+        if place[0] == "layer":
+            kind = place[1] // 2
+            targets[f"layers.{place[2]}"] = targets.get(f"layers.{place[2]}", 0.0) + nbytes / 2 * layer_counts[kind]
+            per_kind_total[kind] += nbytes / 2
+        else:
+            name = place[-1]
+            targets[name] = targets.get(name, 0.0) + nbytes
+    for kind, total in enumerate(per_kind_total):
+        targets[f"one_layer.{kind}"] = total
+    return targets
+
+
+_FIT_CACHE: dict[tuple, ActivationFit] = {}
+_FIT_LOCK = threading.Lock()
+
+
+def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
+    """The fitted saved-activation bytes of `config`'s model under `spec` (cached per config and spec).
+
+    One fit at a time, on one intra-op thread: the probe's ops are tiny, and handing each to OpenMP's pool costs
+    milliseconds on a busy machine (measured on 2 busy cores: 1.0 s per fit with 2 threads, 0.12 s with one).
+    """
+    key = (type(config).__name__, config.to_json_string(use_diff=False), spec)
+    with _FIT_LOCK:
+        if key not in _FIT_CACHE:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                _FIT_CACHE[key] = _fit(config, spec)
+            finally:
+                torch.set_num_threads(threads)
+        return _FIT_CACHE[key]
+
+
+def _fit(config: Any, spec: ProbeSpec) -> ActivationFit:
+    names = _width_names(config)
+    _, probe_layers, layer_counts = _layer_kinds(config)
+    autocast = spec.precision in ("bf16", "fp16")
+    rows_of_basis, measured = [], []
+    _probe_state.kernel_heads = None
+    for widths in _width_points(config, names):
+        model = _build_probe_model(config, widths, spec)
+        recorder = _SaveRecorder(model, config, len(probe_layers))
+        for rows, seq_len in _token_points(spec):
+            batch = _batch(config, spec, rows, seq_len, widths["vocab_size"])
+            measured.append(_targets_of(recorder.run(model, batch, autocast), layer_counts))
+            rows_of_basis.append(_basis(_token_monomials(spec, rows, seq_len), [widths[n] for n in names]))
+    targets = tuple(sorted({t for m in measured for t in m}))
+    design = np.array(rows_of_basis)
+    values = np.array([[m.get(t, 0.0) for t in targets] for m in measured])
+    scale = np.abs(design).max(axis=0)
+    scale[scale == 0] = 1.0
+    coefficients = np.linalg.lstsq(design / scale, values, rcond=None)[0] / scale[:, None]
+    residual = float(np.abs(design @ coefficients - values).max()) if values.size else 0.0
+    quadratic = np.array([q for _, q in _token_monomials(spec, 2, 2) for _ in range(len(names) + 1)])
+    return ActivationFit(targets, coefficients, quadratic, names, spec, residual, _probe_state.kernel_heads)
+
+
+@dataclasses.dataclass
+class ProbedActivations:
+    """The probe's share of the activation estimate for one real model and token shape."""
+
+    terms: dict[str, int]  # bytes per part: layers.norms, layers.attention, ..., attention_scores_or_mask
+    largest_layer_bytes: int  # one decoder layer's saved bytes (what checkpointing recomputes at a time)
+    kernel_heads: tuple[int, int] | None  # (query, key/value) heads of the attention kernel left to the formulas
+    notes: list[str]
+
+
+def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
+                       dropout_mask_bytes_per_element: int = 4) -> ProbedActivations:
+    """Evaluate the fit for the real model at `rows` x `seq_len`.
+
+    Layer parts come out as `layers.norms`, `layers.attention`, `layers.mlp`, `layers.layer_other`; what grows with
+    the square of the tokens (masks, eager scores) is split off into `attention_scores_or_mask`. CPU dropout masks
+    are float (4 bytes per element); pass 1 for CUDA's bool masks.
+    """
+    fit = activation_fit(config, spec)
+    linear, quadratic = fit.evaluate(config, rows, seq_len)
+    terms: dict[str, int] = {}
+    largest_layer = 0
+    for target in fit.targets:
+        if target.startswith("one_layer."):
+            largest_layer = max(largest_layer, linear[target] + quadratic[target])
+            continue
+        if target.endswith("dropout_masks"):  # masks of hidden states and of attention probabilities alike
+            masks = (linear[target] + quadratic[target]) * dropout_mask_bytes_per_element // 4
+            terms["dropout_masks"] = terms.get("dropout_masks", 0) + masks
+            continue
+        terms[target] = terms.get(target, 0) + linear[target]
+        terms["attention_scores_or_mask"] = terms.get("attention_scores_or_mask", 0) + quadratic[target]
+    notes = []
+    if fit.residual_bytes > 1:
+        notes.append(f"the probe's saved bytes are not exactly bilinear in tokens and widths for this architecture "
+                     f"(largest misfit {fit.residual_bytes:,.0f} bytes on the small models)")
+    return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads, notes)

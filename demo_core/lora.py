@@ -1,0 +1,61 @@
+"""LoRA as peft lays it out: which linear layers it adapts, the adapter shapes, and its forward for the memory probe.
+
+peft is not a dependency: the planner only needs peft's matching rule (a module name's last part, or "all-linear" =
+every linear layer but the output layer), its adapter shapes (A: rank x in, B: out x rank) and what its forward
+computes, so that autograd saves what it would save under peft.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def linear_in_out(module: torch.nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a matmul layer: nn.Linear, or transformers' Conv1D (gpt2), whose weight is (in, out)."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D":
+        return tuple(module.weight.shape)
+    return None
+
+
+def is_lora_target(name: str, is_output_layer: bool, targets: tuple[str, ...]) -> bool:
+    """peft's matching: the last part of the module name is a target, or "all-linear" (every linear layer but the
+    output layer)."""
+    if "all-linear" in targets:
+        return not is_output_layer
+    return name.rsplit(".", 1)[-1] in targets
+
+
+def lora_target_names(model: torch.nn.Module, targets: tuple[str, ...]) -> list[str]:
+    """Names of the modules of `model` that LoRA adapts."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [name for name, module in model.named_modules()
+            if linear_in_out(module) is not None and is_lora_target(name, module is output, targets)]
+
+
+class _LoraLinear(torch.nn.Module):
+    """peft's LoRA forward without dropout: base(x) + lora_B(lora_A(x)) * alpha / rank, the base frozen, the adapters
+    in fp32 (peft's autocast_adapter_dtype), the input cast to their dtype and the sum cast back to the base's."""
+
+    def __init__(self, base: torch.nn.Module, rank: int):
+        super().__init__()
+        in_features, out_features = linear_in_out(base)
+        self.base = base
+        self.lora_A = torch.nn.Linear(in_features, rank, bias=False)
+        self.lora_B = torch.nn.Linear(rank, out_features, bias=False)
+
+    def forward(self, x):
+        result = self.base(x)
+        adapted = self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * 2.0
+        return (result + adapted).to(result.dtype)
+
+
+def apply_lora(model: torch.nn.Module, rank: int, targets: tuple[str, ...]) -> None:
+    """Freeze `model` and wrap its targeted linear layers in place, as peft's get_peft_model does."""
+    names = lora_target_names(model, targets)
+    model.requires_grad_(False)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _LoraLinear(getattr(parent, child), rank))

@@ -1,0 +1,310 @@
+"""Memory of a training step, measured: tensor sums per category, saved activations, device snapshots, phase peaks.
+
+What each number is (the estimate of the same categories is in memory_estimate.py):
+
+    weights      parameters + buffers, each storage once (`tensor_bytes_by_category`)
+    gradients    every parameter's `.grad`
+    optimizer    the tensors in `optimizer.state` (accelerate's AcceleratedOptimizer unwrapped)
+    activations  what autograd saves for backward during one forward (`SavedActivationMeter`: saved-tensor hooks,
+                 one count per storage, parameters excluded)
+    temporary    only an allocator timeline shows it: per-phase CUDA peaks (`PhasePeaks`); None otherwise
+    context      the CUDA context and library workspaces: NVML used minus the allocator's reserved bytes
+                 (`device_memory_snapshot`); 0 on CPU
+
+`memory_report` puts an estimate next to a measurement with the relative error per category.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping
+
+import torch
+
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "context")
+
+
+def storage_key(t: torch.Tensor) -> tuple[str, int, int]:
+    """(device, address, bytes) of the storage behind `t`: views of one storage share it."""
+    storage = t.untyped_storage()
+    return (str(t.device), storage.data_ptr(), storage.nbytes())
+
+
+def _unwrap_optimizer(optimizer: Any) -> Any:
+    # accelerate's AcceleratedOptimizer (what Trainer holds) wraps the torch optimizer in `.optimizer`.
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def tensor_bytes_by_category(model: torch.nn.Module, optimizer: Any = None) -> dict[str, int]:
+    """Exact bytes of weights (parameters + buffers), gradients and optimizer state, each storage counted once."""
+    seen: set[tuple[str, int, int]] = set()
+
+    def total(tensors: Iterable[torch.Tensor]) -> int:
+        nbytes = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.numel() == 0:
+                continue
+            key = storage_key(t)
+            if key[1] == 0 and t.device.type != "meta":
+                continue
+            if key in seen:
+                continue
+            seen.add(key)
+            nbytes += key[2]
+        return nbytes
+
+    params = list(model.parameters())
+    weights = total(list(params) + list(model.buffers()))
+    gradients = total(p.grad for p in params if p.grad is not None)
+    opt = _unwrap_optimizer(optimizer)
+    state_tensors: list[torch.Tensor] = []
+    if opt is not None:
+        for state in opt.state.values():
+            state_tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    return {"weights": weights, "gradients": gradients, "optimizer": total(state_tensors)}
+
+
+class SavedActivationMeter:
+    """Counts the bytes autograd saves for backward while active, one count per storage, parameters excluded.
+
+    Use as a context manager around the forward (and loss), or `attach(model)` to have it switch on in a forward
+    pre-hook and off in the forward hook of every call (the loss of HF models is computed inside forward).
+    The pack hook returns the tensor itself, so numerics and lifetimes are unchanged; the meter keeps only
+    (device, data_ptr, nbytes) keys, never a reference. A view of a parameter (weight.t() for a matmul) shares the
+    parameter's storage and is excluded; autocast's half copies of weights are new storages and are counted.
+    Caveat: a storage freed *during* the forward and reused at the same address with the same size by a later saved
+    tensor would be counted once; saved tensors stay alive until backward, so this needs an unsaved graph branch.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None):
+        self.model = model
+        self.saved_bytes = 0
+        self.saved_tensors = 0
+        self.max_saved_bytes = 0
+        self.history: list[int] = []  # saved_bytes of each metered forward, in order
+        self._keys: set[tuple[str, int, int]] = set()
+        self._param_ptrs: set[tuple[str, int]] = set()
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._handles: list[Any] = []
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if (key[0], key[1]) not in self._param_ptrs and key not in self._keys:
+            self._keys.add(key)
+            self.saved_bytes += key[2]
+            self.saved_tensors += 1
+        return t
+
+    def start(self) -> None:
+        """Begin a new count (resets saved_bytes) and install the hooks."""
+        if self._hooks is not None:
+            return
+        self._param_ptrs = (
+            {(str(p.device), p.untyped_storage().data_ptr()) for p in self.model.parameters()}
+            if self.model is not None else set()
+        )
+        self._keys = set()
+        self.saved_bytes = 0
+        self.saved_tensors = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._hooks.__enter__()
+
+    def stop(self) -> int:
+        """Remove the hooks, record this forward's total and return it."""
+        if self._hooks is None:
+            return self.saved_bytes
+        self._hooks.__exit__(None, None, None)
+        self._hooks = None
+        self._keys = set()  # drop the keys; only the totals are kept
+        self.history.append(self.saved_bytes)
+        self.max_saved_bytes = max(self.max_saved_bytes, self.saved_bytes)
+        return self.saved_bytes
+
+    def __enter__(self) -> "SavedActivationMeter":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def attach(self, model: torch.nn.Module | None = None, on_forward_end: Any = None) -> "SavedActivationMeter":
+        """Meter every forward of `model` (pre-hook starts, forward hook stops). `detach()` removes the hooks.
+
+        `on_forward_end(saved_bytes)` runs right after each forward, e.g. `lambda _: peaks.mark("forward_end")`.
+        """
+        model = model if model is not None else self.model
+        if self.model is None:
+            self.model = model
+
+        def _end(*_: Any) -> None:
+            saved = self.stop()
+            if on_forward_end is not None:
+                on_forward_end(saved)
+
+        self._handles.append(model.register_forward_pre_hook(lambda *_: self.start()))
+        self._handles.append(model.register_forward_hook(_end))
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.stop()
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _nvml_memory(cuda_index: int) -> dict[str, int | None] | None:
+    """NVML's view of the device: used bytes on the whole device and, if visible, this process's bytes.
+
+    Returns None when NVML is unavailable (no package, no driver: NVMLError_LibraryNotFound, ...).
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        handle = None
+        try:
+            # NVML numbers devices physically; torch numbers them after CUDA_VISIBLE_DEVICES. The UUID matches both.
+            uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        except Exception:  # older torch without .uuid, MIG UUIDs, ...: fall back to the index
+            handle = pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        process_bytes = None
+        try:
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                    process_bytes = int(proc.usedGpuMemory)
+        except pynvml.NVMLError:
+            process_bytes = None  # containers often hide other PIDs; keep the device total
+        return {"device_used_bytes": int(info.used), "device_total_bytes": int(info.total),
+                "process_used_bytes": process_bytes}
+    except pynvml.NVMLError:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def device_memory_snapshot(device: Any = None) -> dict[str, Any]:
+    """What the device says about memory right now (nothing hard-coded).
+
+    CUDA: allocated / max allocated (live tensors), reserved / max reserved (the caching allocator's pool), NVML
+    used bytes for the device and this process, and `context_bytes` = NVML process (or device) used - reserved:
+    the CUDA context and library workspaces that no tensor accounts for. CPU: the process RSS via psutil.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    snapshot: dict[str, Any] = {"device": str(dev), "kind": dev.type}
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        reserved = int(torch.cuda.memory_reserved(index))
+        snapshot.update(
+            allocated_bytes=int(torch.cuda.memory_allocated(index)),
+            max_allocated_bytes=int(torch.cuda.max_memory_allocated(index)),
+            reserved_bytes=reserved,
+            max_reserved_bytes=int(torch.cuda.max_memory_reserved(index)),
+        )
+        nvml = _nvml_memory(index)
+        snapshot["nvml_device_used_bytes"] = nvml["device_used_bytes"] if nvml else None
+        snapshot["nvml_process_used_bytes"] = nvml["process_used_bytes"] if nvml else None
+        used = None
+        if nvml:
+            # Prefer this process's own figure; the device total also includes other processes.
+            used = nvml["process_used_bytes"] if nvml["process_used_bytes"] is not None else nvml["device_used_bytes"]
+        snapshot["context_source"] = (
+            None if used is None else ("nvml_process" if nvml["process_used_bytes"] is not None else "nvml_device")
+        )
+        snapshot["context_bytes"] = max(0, used - reserved) if used is not None else None
+        return snapshot
+    try:
+        import psutil
+
+        snapshot["rss_bytes"] = int(psutil.Process().memory_info().rss)
+    except ImportError:
+        snapshot["rss_bytes"] = None
+    snapshot["context_bytes"] = 0
+    return snapshot
+
+
+class PhasePeaks:
+    """Peak bytes per moment of a step: `mark(moment)` closes the phase that ended at that moment.
+
+    CUDA: max_memory_allocated since the previous mark (the peak stats are reset at each mark).
+    CPU: there is no per-phase allocator peak; the phase value is the process RSS at the mark.
+    """
+
+    def __init__(self, device: Any = None):
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.peaks: dict[str, int] = {}
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def mark(self, moment: str) -> int:
+        if self.device.type == "cuda":
+            value = int(torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            value = int(device_memory_snapshot(self.device).get("rss_bytes") or 0)
+        self.peaks[moment] = max(self.peaks.get(moment, 0), value)
+        return value
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return max(self.peaks.values()) if self.peaks else None
+
+    @property
+    def peak_moment(self) -> str | None:
+        return max(self.peaks, key=self.peaks.get) if self.peaks else None
+
+
+def memory_report(
+    estimate: Mapping[str, int],
+    measured: Mapping[str, int | None],
+    peak_bytes: int | None = None,
+    peak_moment: str | None = None,
+) -> dict[str, Any]:
+    """Estimate and measurement per category, with the signed relative error (estimate - measured) / measured."""
+    est = {cat: int(estimate.get(cat, 0)) for cat in CATEGORIES}
+    meas = {cat: (None if measured.get(cat) is None else int(measured[cat])) for cat in CATEGORIES}
+    error: dict[str, float | None] = {}
+    for cat in CATEGORIES:
+        m = meas[cat]
+        if m is None:
+            error[cat] = None
+        elif m == 0:
+            error[cat] = 0.0 if est[cat] == 0 else None  # a relative error against zero means nothing
+        else:
+            error[cat] = (est[cat] - m) / m
+    return {"estimate": est, "measured": meas, "error": error, "peak_bytes": peak_bytes, "peak_moment": peak_moment}
+
+
+def measured_categories(
+    model: torch.nn.Module, optimizer: Any = None, meter: SavedActivationMeter | None = None,
+    snapshot: Mapping[str, Any] | None = None,
+) -> dict[str, int | None]:
+    """The measured side of `memory_report`: tensor sums, the meter's largest forward, the snapshot's context."""
+    measured: dict[str, int | None] = dict(tensor_bytes_by_category(model, optimizer))
+    measured["activations"] = meter.max_saved_bytes if meter is not None and meter.history else None
+    measured["temporary"] = None  # only an allocator timeline (CUDA peaks per phase) shows temporaries
+    measured["context"] = snapshot.get("context_bytes") if snapshot else None
+    return measured
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What-if, comparisons, the seed example
+# --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The "Will it fit?" section of the page: the memory planner (demo_core/planner.py) for real model sizes.
+
+`build_planner_section(user_errors)` creates the widgets and their wiring inside the caller's active `gr.Blocks`
+and registers the `/plan` API endpoint; `user_errors` is the app's handler wrapper that turns DemoInputError into
+`gr.Error`. The handlers are plain functions: `plan_page` for the widgets, `plan_api` for gradio_client. Figures
+are matplotlib `Figure` objects, never pyplot (a long-running server must not keep them in a registry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gradio as gr
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from demo_core.config import ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
+from demo_core.data import BUILTIN_DATASETS
+from demo_core.errors import DemoInputError
+from demo_core.memory_measure import CATEGORIES
+from demo_core.models import PRESETS
+from demo_core.planner import (GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest, device_estimate,
+                               plan, shipped_configs)
+from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS
+
+GIB = 2 ** 30
+EQUAL_LENGTHS = "equal lengths"
+DEFAULT_MODEL = "Llama-3.1-8B"
+GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
+
+
+def _request(model: str, batch_size, seq_length, dataset: str, packed: bool, precision: str, optimizer: str,
+             lora_rank, qlora: bool, gradient_checkpointing: bool, gpus, shard: str, gpu_gb) -> PlanRequest:
+    """A PlanRequest from page or API values. The page reads no local files: configs of presets, shipped models
+    and cached hub ids only, built-in length profiles only (the CLI takes folders and files)."""
+    model = (model or "").strip()
+    if model and Path(model).expanduser().exists():
+        raise DemoInputError("the page plans presets, shipped configs and cached hub ids; for a local folder use "
+                             "`python -m demo_core plan --model PATH`")
+    dataset = None if dataset in (None, "", EQUAL_LENGTHS) else dataset
+    if dataset is not None and dataset not in BUILTIN_DATASETS:
+        raise DemoInputError(f"choose a built-in length profile ({', '.join(BUILTIN_DATASETS)}) or equal lengths")
+    return PlanRequest(model=model, batch_size=batch_size, seq_length=seq_length, dataset=dataset,
+                       packed=bool(packed), precision=precision, optimizer=optimizer, lora_rank=lora_rank,
+                       qlora=bool(qlora), gradient_checkpointing=bool(gradient_checkpointing), gpus=gpus,
+                       shard=shard, gpu_gb=gpu_gb)
+
+
+def plan_api(model: str = DEFAULT_MODEL, batch_size: int = 8, seq_length: int = 2048, dataset: str = "",
+             packed: bool = False, precision: str = "bf16", optimizer: str = "adamw", lora_rank: int = 0,
+             qlora: bool = False, gradient_checkpointing: bool = False, gpus: int = 1, shard: str = "none",
+             gpu_gb: float = 80) -> dict:
+    """Memory per device of a fine-tune, without training: per_device (category -> bytes), total_bytes (the peak),
+    peak_moment, fits (GPU GB -> bool), max_batch_size, max_seq_length, scaling (padded vs packed per length).
+    `dataset`: "" for equal lengths, or flan-like / orcamath-like (the batch that needs the most memory)."""
+    return plan(_request(model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
+                         gradient_checkpointing, gpus, shard, gpu_gb)).to_dict()
+
+
+def plan_page(*values) -> tuple[str, Figure, Figure]:
+    """(summary, stacked bars padded vs packed, sequence-length curve) for the widgets' values."""
+    request = _request(*values).validated()
+    chosen = plan(request)
+    other = device_estimate(dataclasses.replace(request, packed=not request.packed))
+    padded, packed = (other, chosen.device) if request.packed else (chosen.device, other)
+    return summary_markdown(chosen), bars_figure(padded, packed, request.packed), scaling_figure(chosen)
+
+
+def summary_markdown(result: Plan) -> str:
+    device, request = result.device, result.request
+    fits = " · ".join(f"{gb} GB {'✅' if ok else '❌'}" for gb, ok in result.fits.items())
+    training = (f"LoRA r={request.lora_rank}" + (" on a 4-bit base (QLoRA)" if request.qlora else "")
+                if request.lora_rank else "full fine-tune")
+    lines = [
+        f"**{request.model}**: {device.params / 1e9:.2f}B parameters, {device.trainable_params / 1e6:,.1f}M "
+        f"trained ({training}); attention `{result.attention}`.",
+        f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** at `{device.peak_moment}`. Fits: {fits}.",
+        f"On {request.gpu_gb:g} GB: largest batch size **{result.max_batch_size}** at {request.seq_length} tokens; "
+        f"longest sequence **{result.max_seq_length:,}** tokens at batch size {request.batch_size}.",
+    ]
+    notes = "\n".join(f"- {note}" for note in result.notes)
+    return "\n\n".join(lines + ([notes] if notes else []))
+
+
+def _gpu_lines(axes) -> None:
+    """Dashed lines at the common GPU sizes that fall inside the axes, labelled on the right."""
+    for gb, color in GPU_LINE_COLORS.items():
+        if gb <= axes.get_ylim()[1]:
+            axes.axhline(gb, color=color, linestyle="--", linewidth=1)
+            axes.text(axes.get_xlim()[1], gb, f" {gb} GB", color=color, va="center", ha="left", fontsize=8)
+
+
+def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: bool) -> Figure:
+    """What is alive at each estimate's peak, stacked by category, with the common GPU sizes drawn across."""
+    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    tallest = 0.0
+    for position, (label, device) in enumerate((("padded", padded), ("packed", packed))):
+        live = device.live_by_moment[device.peak_moment]
+        bottom = 0.0
+        for category in CATEGORIES:
+            value = live.get(category, 0) / GIB
+            axes.bar(position, value, bottom=bottom, color=MEMORY_CATEGORY_COLORS[category], edgecolor="white",
+                     linewidth=0.5, width=0.55)
+            bottom += value
+        chosen = (label == "packed") == chosen_packed
+        axes.text(position, bottom, f"{bottom:,.1f} GiB\nat {device.peak_moment}", ha="center",
+                  va="bottom", fontsize=8, fontweight="bold" if chosen else "normal")
+        tallest = max(tallest, bottom)
+    axes.set_xticks([0, 1], ["padded", "packed (padding-free)"])
+    axes.set_xlim(-0.6, 1.6)
+    # Room for the 24 GB line once a plan is a quarter of it; a toy model's bars would vanish under it.
+    axes.set_ylim(0, max(tallest * 1.3, 26.5 if tallest > 6 else 1.0))
+    _gpu_lines(axes)
+    axes.set_ylabel("GiB per device at the peak of a step")
+    axes.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES], fontsize=7,
+                ncols=3, loc="upper left")
+    axes.set_title("Will it fit? Memory alive at the peak, per category\n(dashed: common GPU sizes)", fontsize=10)
+    return figure
+
+
+def scaling_figure(result: Plan) -> Figure:
+    """Peak per device against the sequence length, padded and packed, at the request's batch size."""
+    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    lengths = [row["seq_length"] for row in result.scaling]
+    for key, label, style, color in (("padded_bytes", "padded", "-", "#8c8c8c"),
+                                     ("packed_bytes", "packed (padding-free)", "--", "#4e79a7")):
+        axes.plot(lengths, [row[key] / GIB for row in result.scaling], style, marker="o", markersize=3,
+                  label=label, color=color)
+    axes.set_xscale("log", base=2)
+    top = max(max(row["padded_bytes"], row["packed_bytes"]) for row in result.scaling) / GIB
+    axes.set_ylim(0, top * 1.15)
+    axes.axvline(result.request.seq_length, color="black", linewidth=0.8)
+    _gpu_lines(axes)
+    axes.set_xlabel("sequence length (tokens per example; a length profile is cut to it)")
+    axes.set_ylabel("GiB per device at the peak")
+    axes.legend(fontsize=7, loc="upper left")
+    profile = result.request.dataset or "equal lengths"
+    axes.set_title(f"Memory against sequence length (batch size {result.request.batch_size}, {profile})\n"
+                   f"vertical line: the length asked", fontsize=10)
+    return figure
+
+
+def build_planner_section(user_errors) -> None:
+    """The section's widgets and wiring, inside the caller's `gr.Blocks`; also registers the `/plan` endpoint."""
+    gr.Markdown("## 4 · Will it fit? Memory of a real fine-tune, without training\n"
+                "The same estimate every run above checks against its measurement, for real model sizes: "
+                "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs.")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=320):
+            model = gr.Dropdown([*shipped_configs(), *PRESETS], value=DEFAULT_MODEL, allow_custom_value=True,
+                                label="Model", info="a shipped config of a real model, a preset, or a cached hub id")
+            with gr.Row():
+                batch_size = gr.Number(8, precision=0, minimum=1, label="Batch size per device")
+                seq_length = gr.Number(2048, precision=0, minimum=2, label="Sequence length")
+            dataset = gr.Dropdown([EQUAL_LENGTHS, *BUILTIN_DATASETS], value="flan-like", label="Lengths",
+                                  info="a length profile: the batch that needs the most memory is planned")
+            packed = gr.Checkbox(False, label="Packed (padding-free)")
+            with gr.Row():
+                precision = gr.Dropdown(list(ESTIMATE_PRECISION_NAMES), value="bf16", label="Precision")
+                optimizer = gr.Dropdown(list(ESTIMATE_OPTIMIZER_NAMES), value="adamw", label="Optimizer")
+            with gr.Row():
+                lora_rank = gr.Number(0, precision=0, minimum=0, label="LoRA rank (0: full)")
+                qlora = gr.Checkbox(False, label="QLoRA (4-bit base)")
+            checkpointing = gr.Checkbox(False, label="Gradient checkpointing")
+            with gr.Row():
+                gpus = gr.Number(1, precision=0, minimum=1, label="GPUs")
+                shard = gr.Dropdown(list(SHARDING_NAMES), value="none", label="Sharding")
+            gpu_gb = gr.Dropdown(list(GPU_SIZES_GB), value=80, label="GPU size for the largest batch and length (GB)")
+            button = gr.Button("Will it fit?", variant="primary", elem_id="plan")
+        with gr.Column(scale=3):
+            summary = gr.Markdown("Choose a model and press **Will it fit?**", elem_id="plan-summary")
+            with gr.Row():
+                bars = gr.Plot(show_label=False, elem_id="plan-bars")
+                curve = gr.Plot(show_label=False, elem_id="plan-curve")
+    inputs = [model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora, checkpointing,
+              gpus, shard, gpu_gb]
+    # No model runs and no training: it must not wait behind a training job, so it has its own group.
+    button.click(user_errors(plan_page), inputs=inputs, outputs=[summary, bars, curve], api_visibility="private",
+                 concurrency_id="plan", concurrency_limit=4)
+    gr.api(user_errors(plan_api), api_name="plan", concurrency_id="plan", concurrency_limit=4)

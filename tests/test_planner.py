@@ -1,0 +1,167 @@
+"""The memory planner: the burst's own estimate for a run's settings, measured runs, sharding, LoRA counts, searches,
+shipped configs and the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from demo_core import RunConfig, run_comparison
+from demo_core.cli import main
+from demo_core.engine import prepare
+from demo_core.errors import DemoInputError
+from demo_core.memory_estimate import StepShape
+from demo_core.models import PRESETS
+from demo_core.planner import (GPU_SIZES_GB, PlanRequest, load_config, per_device_estimate, plan, shipped_configs,
+                               training_settings)
+
+GIB = 2 ** 30
+SMALL_RUN = dict(model="tiny-llama", dataset="flan-like", samples=24, steps=2, batch_size=4, precision="fp32",
+                 device="cpu", collators=("padded", "flatten"))
+STATE_CATEGORIES = ("weights", "gradients", "optimizer", "activations")
+
+
+def _planned(run: RunConfig, collator: str):
+    """The planner's per-device estimate for the batch a burst measured (its first), with the run's settings."""
+    prepared = prepare(run)
+    lengths = [len(ids) for ids in prepared.dataset.examples[: run.batch_size]]
+    step = StepShape.padded(lengths) if collator == "padded" else StepShape.packed_row(lengths)
+    request = PlanRequest(model=run.model, precision=run.precision, optimizer=run.optimizer,
+                          attention=prepared.attention, gradient_checkpointing=run.gradient_checkpointing,
+                          device="cpu").validated()
+    config = load_config(run.model)
+    return per_device_estimate(config, step, training_settings(request, config))
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_planner_equals_the_burst_estimate_and_stays_within_10_percent_of_measured(checkpointing):
+    run = RunConfig(gradient_checkpointing=checkpointing, **SMALL_RUN)
+    for result in run_comparison(run).results:
+        planned = _planned(run, result.collator)
+        # One code path: the planner's numbers for a run's settings are the run's own estimate.
+        assert planned.categories == result.memory["estimate"], result.collator
+        measured = result.memory["measured"]
+        planned_total = sum(planned.categories[c] for c in STATE_CATEGORIES)
+        measured_total = sum(measured[c] for c in STATE_CATEGORIES)
+        error = (planned_total - measured_total) / measured_total
+        print(f"checkpointing={checkpointing} {result.collator}: planned {planned_total:,} measured "
+              f"{measured_total:,} B ({100 * error:+.2f}%)")
+        assert abs(error) < 0.10
+        # CPU peak as the burst reports it: the live tensors at the end of the forward
+        assert abs(planned.peak_by_moment["forward_end"] / result.peak_memory_bytes - 1) < 0.10
+
+
+def test_sharding_divides_what_it_should():
+    request = dict(model="Llama-3.2-1B", batch_size=2, seq_length=1024)
+    single = plan(PlanRequest(**request)).device.categories
+    by_shard = {shard: plan(PlanRequest(**request, gpus=4, shard=shard)).device.categories
+                for shard in ("none", "zero1", "zero2", "zero3", "fsdp")}
+    quarter = {category: math.ceil(single[category] / 4) for category in single}
+    assert by_shard["none"]["gradients"] == 2 * single["gradients"]  # DDP's buckets copy every gradient
+    assert by_shard["zero1"]["optimizer"] == quarter["optimizer"]
+    assert by_shard["zero1"]["gradients"] == single["gradients"] and by_shard["zero1"]["weights"] == single["weights"]
+    assert by_shard["zero2"]["gradients"] == quarter["gradients"] and by_shard["zero2"]["weights"] == single["weights"]
+    for shard in ("zero3", "fsdp"):
+        assert by_shard[shard]["weights"] == quarter["weights"]
+        assert by_shard[shard]["optimizer"] == quarter["optimizer"]
+    for categories in by_shard.values():  # data parallel: each device keeps its own micro-batch's activations
+        assert categories["activations"] == single["activations"]
+
+
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", "all-linear"])
+def test_lora_trainable_params_match_the_module_shapes(targets):
+    config = PRESETS["small-llama"].config()
+    model = AutoModelForCausalLM.from_config(config)
+    wanted = targets.split(",")
+    expected = sum(8 * (module.in_features + module.out_features) for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and name != "lm_head"
+                   and ("all-linear" in wanted or name.rsplit(".", 1)[-1] in wanted))
+    assert expected > 0
+    result = plan(PlanRequest(model="small-llama", lora_rank=8, lora_targets=targets, device="cpu",
+                              precision="fp32", batch_size=2, seq_length=64))
+    assert result.device.trainable_params == expected
+    assert result.device.categories["gradients"] == 4 * expected  # fp32 adapters
+
+
+def test_qlora_stores_the_linear_weights_in_four_bits():
+    full = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, batch_size=1, seq_length=512))
+    qlora = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512))
+    # 8.03B params, of which the embeddings and the output layer (2 x 128256 x 4096) are not quantized
+    linear = full.device.params - 2 * 128256 * 4096 - 65 * 4096  # minus the norms
+    rest_bf16 = 2 * (full.device.params - linear)
+    assert 0.5 * linear + rest_bf16 < qlora.device.categories["weights"] < 0.53 * linear + rest_bf16 + 4 * 50e6
+    assert qlora.device.categories["weights"] < full.device.categories["weights"] / 4
+
+
+def test_max_batch_size_and_seq_length_are_the_largest_that_fit():
+    base = dict(model="Qwen2.5-0.5B", seq_length=1024, batch_size=4, gpu_gb=24, packed=True)
+    found = plan(PlanRequest(**base))
+    b, s = found.max_batch_size, found.max_seq_length
+    assert b >= 1 and s >= 2
+    total = lambda **change: plan(PlanRequest(**{**base, **change})).device.peak_bytes  # noqa: E731
+    assert total(batch_size=b) <= 24 * GIB < total(batch_size=b + 1)
+    assert total(seq_length=s) <= 24 * GIB < total(seq_length=s + 1)
+
+
+def test_packing_a_length_profile_needs_less_than_padding_it():
+    request = dict(model="SmolLM2-135M", dataset="flan-like", samples=256, batch_size=16, seq_length=1024)
+    padded = plan(PlanRequest(**request)).device.peak_bytes
+    packed = plan(PlanRequest(**request, packed=True)).device.peak_bytes
+    assert packed < padded
+
+
+# Published sizes from the model cards (see demo_core/model_configs/README.md).
+PUBLISHED_PARAMS = {"Llama-3.2-1B": 1.23e9, "Llama-3.2-3B": 3.21e9, "Llama-3.1-8B": 8.03e9, "Qwen2.5-0.5B": 0.49e9,
+                    "Qwen2.5-7B": 7.61e9, "Mistral-7B-v0.3": 7.25e9, "gemma-2-2b": 2.61e9,
+                    "Phi-3-mini-4k-instruct": 3.82e9, "SmolLM2-135M": 135e6, "SmolLM2-1.7B": 1.71e9,
+                    "Mixtral-8x7B-v0.1": 46.7e9, "Llama-2-7b-hf": 6.74e9}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_shipped_configs_load_and_match_published_sizes(name):
+    assert set(shipped_configs()) == set(PUBLISHED_PARAMS)
+    config = load_config(name)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    assert abs(params / PUBLISHED_PARAMS[name] - 1) < 0.01, (name, params)
+    assert load_config(json.loads(shipped_configs()[name].read_text())["_name_or_path"]).to_dict() == config.to_dict()
+
+
+def test_a_local_config_folder_loads_and_an_uncached_hub_id_is_a_user_error(tmp_path):
+    (tmp_path / "config.json").write_text(shipped_configs()["SmolLM2-135M"].read_text())
+    assert load_config(str(tmp_path)).hidden_size == 576
+    with pytest.raises(DemoInputError, match="local cache"):
+        load_config("no-such-org/no-such-model")
+
+
+# ---- CLI ------------------------------------------------------------------------------------------------------
+
+def test_plan_cli_writes_the_contract_keys(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny-llama", "--batch-size", "4", "--seq-length", "256", "--device", "cpu",
+                 "--precision", "fp32", "--gradient-checkpointing", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert {"per_device", "total_bytes", "peak_moment", "fits", "max_batch_size", "max_seq_length"} <= set(document)
+    assert set(document["per_device"]) == {"weights", "gradients", "optimizer", "activations", "temporary", "context"}
+    assert set(document["fits"]) == {str(gb) for gb in GPU_SIZES_GB}
+    assert document["total_bytes"] >= document["per_device"]["weights"] + document["per_device"]["activations"]
+    assert "fits:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "tiny-llama", "--gpus", "0"], "gpus must be at least 1"),
+    (["--model", "tiny-llama", "--shard", "zero9"], "invalid choice"),
+    (["--model", "tiny-llama", "--shard", "zero2"], "give gpus of 2 or more"),
+    (["--model", "tiny-llama", "--qlora"], "give a lora rank"),
+    (["--model", "tiny-llama", "--batch-size", "two"], "batch size must be a whole number"),
+    (["--model", "no-such-org/no-such-model"], "local cache"),
+    (["--batch-size", "4"], "required: --model"),
+])
+def test_plan_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    assert main(["plan", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines

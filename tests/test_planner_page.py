@@ -1,0 +1,55 @@
+"""The "Will it fit?" section: handlers and figures without a server (the /plan endpoint is in test_app_api)."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+import planner_page
+from demo_core.errors import DemoInputError
+
+GIB = 2 ** 30
+QLORA_8B = ("Llama-3.1-8B", 4, 2048, "flan-like", True, "bf16", "adamw", 16, True, True, 1, "none", 80)
+
+
+def test_page_plan_draws_padded_and_packed_peaks_with_gpu_lines():
+    summary, bars, curve = planner_page.plan_page(*QLORA_8B)
+    assert "Peak per device" in summary and "24 GB" in summary
+    axes = bars.axes[0]
+    # one stacked segment per category and bar; each bar's stack adds up to its plan's peak
+    tops = {}
+    for patch in axes.patches:
+        x = round(patch.get_x() + patch.get_width() / 2)
+        tops[x] = max(tops.get(x, 0), patch.get_y() + patch.get_height())
+    padded = planner_page.plan(planner_page._request(*QLORA_8B[:4], False, *QLORA_8B[5:]))
+    packed = planner_page.plan(planner_page._request(*QLORA_8B))
+    assert tops[0] == pytest.approx(padded.device.peak_bytes / GIB)
+    assert tops[1] == pytest.approx(packed.device.peak_bytes / GIB)  # the bars are the plans' own peaks
+    assert tops[1] < tops[0]  # flan-like lengths: packing drops the padding
+    gpu_lines = sorted(line.get_ydata()[0] for line in axes.lines)
+    assert gpu_lines and set(gpu_lines) <= {24, 40, 80, 141}
+    curves = {line.get_label(): line.get_ydata() for line in curve.axes[0].lines}
+    assert len(curves["padded"]) == len(curves["packed (padding-free)"]) == len(packed.scaling)
+    assert all(p <= q for p, q in zip(curves["packed (padding-free)"], curves["padded"]))
+
+
+def test_api_returns_the_plan_document():
+    document = planner_page.plan_api(model="SmolLM2-135M", batch_size=4, seq_length=512)
+    assert {"per_device", "total_bytes", "peak_moment", "fits", "max_batch_size", "max_seq_length"} <= set(document)
+    assert document["fits"]["24"] is True
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"dataset": "my-private.jsonl"}, "built-in length profile"),
+    ({"model": "."}, "local folder"),
+    ({"gpus": 0}, "gpus must be at least 1"),
+])
+def test_page_reads_no_local_files_and_names_bad_values(change, message):
+    with pytest.raises(DemoInputError, match=message):
+        planner_page.plan_api(**{"model": "SmolLM2-135M", **change})
+
+
+def test_section_builds_inside_blocks_and_registers_plan():
+    with gr.Blocks() as demo:
+        planner_page.build_planner_section(lambda handler: handler)
+    assert list(demo.get_api_info()["named_endpoints"]) == ["/plan"]
