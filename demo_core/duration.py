@@ -18,7 +18,7 @@ import statistics
 from typing import Iterable
 
 from .engine import Prepared, padded_step_costs
-from .memory import param_facts
+from .memory_estimate import param_facts
 
 # Assumptions, replaced by measured rates once the history has a run of the model on the device:
 # - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (README's run: 14,650 padded slots/s at 0.59M params);
