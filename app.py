@@ -180,9 +180,11 @@ def show_preview(model, dataset, upload, samples, collators, steps, batch_size, 
 
 
 def _result_views(document: dict, name: str) -> tuple:
-    """(throughput, loss, memory, results table, contamination table, JSON file, CSV file) of a finished run."""
+    """(throughput, loss, memory, results table, contamination table, JSON file, CSV file, time anatomy figure and
+    its words) of a finished run."""
     return (plots.throughput_figure(document), plots.loss_figure(document), plots.memory_figure(document),
-            report.results_table(document), report.contamination_table(document), *write_downloads(document, name))
+            report.results_table(document), report.contamination_table(document), *write_downloads(document, name),
+            plots.anatomy_figure(document), report.anatomy_markdown(document))
 
 
 # A Stop click finds the run of its own browser session here.
@@ -215,7 +217,7 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
     started = time.perf_counter()
     prepared = demo_core.prepare(make_config(model, dataset, samples, collators, steps, batch_size, attention, seed,
                                              max_length, precision, optimizer, upload=upload), limits=LIMITS)
-    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 8)
+    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 10)
     steps, collator_count = prepared.config.steps, len(prepared.specs)
     total_steps = collator_count * steps
     stop_event = threading.Event()
@@ -223,21 +225,27 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
     updates: queue.Queue = queue.Queue()
     worker = _train_in_worker(prepared, stop_event, updates)
     results = []
+    # Steps done per collator: on a CPU the collators take turns step by step, so their steps arrive interleaved
+    # and their results all at the end; the progress bar counts every collator's steps.
+    steps_done = dict.fromkeys((spec.name for spec in prepared.specs), 0)
     try:
         progress((0, total_steps), desc="building the model and the first batch")
         while True:
             kind, *payload = updates.get()
             if kind == "step":
                 name, step = payload
-                progress((len(results) * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
+                steps_done[name] = step
+                progress((sum(steps_done.values()), total_steps),
+                         desc=" · ".join(f"{name} {done}/{steps}" for name, done in steps_done.items()))
             elif kind == "result":
                 results.append(payload[0])
-                progress((len(results) * steps, total_steps),
+                progress((sum(steps_done.values()), total_steps),
                          desc="contamination check" if len(results) == collator_count else "next collator")
                 partial = prepared.comparison(results).to_dict()
                 yield (f"Running: {len(results)} of {collator_count} collators done…", *[gr.skip()] * 4,
                        plots.throughput_figure(partial), plots.loss_figure(partial), plots.memory_figure(partial),
-                       report.results_table(partial), *[gr.skip()] * 4)
+                       report.results_table(partial), *[gr.skip()] * 3, plots.anatomy_figure(partial),
+                       report.anatomy_markdown(partial), gr.skip())
             elif kind == "error":
                 raise payload[0]
             else:
@@ -375,6 +383,10 @@ def _views_column() -> SimpleNamespace:
                   "is float rounding; naive concat moves them by O(1))")
     ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
                               wrap=True, elem_id="results")
+    # ---- time anatomy (issue 13): one profiled step per collator, and why the speedup misses its ideal ----
+    with gr.Row():
+        ui.anatomy_plot = gr.Plot(label="Time anatomy", show_label=False, elem_id="anatomy-plot")
+        ui.anatomy_text = gr.Markdown(elem_id="anatomy-text")
     with gr.Row():
         ui.json_file = gr.File(label="Run as JSON", interactive=False)
         ui.csv_file = gr.File(label="Results as CSV", interactive=False)
@@ -396,7 +408,7 @@ def build_demo() -> gr.Blocks:
                        inputs.max_length]
         preview_outputs = [views.batch_plot, views.lengths_plot, views.cost]
         result_outputs = [views.throughput_plot, views.loss_plot, views.memory_plot, views.results,
-                          views.contamination, views.json_file, views.csv_file]
+                          views.contamination, views.json_file, views.csv_file, views.anatomy_plot, views.anatomy_text]
         # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
         preview_options = dict(fn=show_preview, inputs=page_inputs, outputs=preview_outputs, api_visibility="private",
                                concurrency_id="preview", concurrency_limit=4, trigger_mode="always_last",
@@ -435,6 +447,7 @@ def launch(**overrides):
     options = dict(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    server_port=int(port) if port else None, share=False, show_error=False,
                    max_file_size=LIMITS.max_upload_bytes, theme=THEME)
+    demo_core.initialize_profiler()  # the time anatomy profiles in worker threads: kineto must start in this one
     return demo.launch(**{**options, **overrides})
 
 

@@ -40,8 +40,9 @@ def test_stop_ends_the_burst_within_a_step_and_labels_it_partial():
     config = RunConfig(**SMALL, collators=("padded", "flatten"), steps=30)
     comparison = run_comparison(config, progress=stop_after_two_steps, stop_event=stop)
     assert comparison.partial
-    assert [r.collator for r in comparison.results] == ["padded"]  # flatten never started
-    assert comparison.results[0].partial and comparison.results[0].steps == 2
+    # On a CPU the collators take turns step by step: padded's step 2 sets Stop, and each stops at its next step end.
+    assert [r.collator for r in comparison.results] == ["padded", "flatten"]
+    assert [(r.partial, r.steps) for r in comparison.results] == [(True, 2), (True, 2)]
     assert comparison.contamination == []  # skipped: Stop ends the run without the extra forward passes
     # The next run is unaffected.
     again = run_comparison(RunConfig(**SMALL, collators=("flatten",), steps=3))
