@@ -29,6 +29,7 @@ wall time, profiler included; its shares, not its seconds, are what compare acro
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -43,6 +44,8 @@ from transformers import TrainerCallback
 # Kineto prints two "USDT ... profiler_start/stop" lines to stderr per profile unless its log level is above them
 # (read when the profiler first starts); they would land in the CLI's output.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+logger = logging.getLogger(__name__)
 
 PROFILED_STEP = 2  # step 1 is the warm-up; the profiled step is the next one
 PHASES = ("forward", "backward", "optimizer", "data", "other")
@@ -68,6 +71,8 @@ def initialize_profiler() -> None:
 
 
 MARK = "packing-lab mark: "  # zero-length ranges at phase boundaries, in the profiler's own clock
+MARKS = ("open", "step_begin", "forward_start", "forward_end", "backward_start", "backward_end", "optimizer_end",
+         "close")
 NORM_RANGE = "packing-lab: normalization module"
 ATTENTION_RANGE = "packing-lab: attention module"
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
@@ -178,9 +183,12 @@ class StepProfiler:
 
     def _mark_forward_end(self, _module, _inputs, output) -> None:
         self.mark("forward_end")
-        loss = getattr(output, "loss", None)
-        if loss is not None and loss.grad_fn is not None:
-            loss.grad_fn.register_prehook(self._mark_backward_start)
+        # The first output with a graph: the loss (Trainer), or the log-probs TRL's fused LM head returns, the loss
+        # being computed from them outside the model; backward reaches it after at most a few scalar ops.
+        values = output.values() if isinstance(output, dict) else [output]
+        tensor = next((value for value in values if torch.is_tensor(value) and value.grad_fn is not None), None)
+        if tensor is not None:
+            tensor.grad_fn.register_prehook(self._mark_backward_start)
 
     def _mark_backward_start(self, _grad_outputs) -> None:
         self.mark("backward_start")
@@ -204,6 +212,10 @@ class StepProfiler:
         self._profiler.stop()
         events = [event for event in self._profiler.events() if event.device_type == torch.autograd.DeviceType.CPU]
         self._profiler = None
+        missing = set(MARKS) - {event.name.removeprefix(MARK) for event in events if event.name.startswith(MARK)}
+        if missing:  # a model or trainer whose step this module cannot delimit: no anatomy, the run goes on
+            logger.warning("time anatomy skipped: the profiled step had no %s mark", ", ".join(sorted(missing)))
+            return
         self.anatomy = anatomy_of_events(events, step_s, self.device == "cuda")
 
     def _remove_hooks(self) -> None:
