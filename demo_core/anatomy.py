@@ -173,6 +173,7 @@ class StepProfiler:
         self._ranges: _ModuleRanges | None = None
         self._hooks: list = []
         self._started_s = 0.0
+        self._backward_started = False
         self.opener, self.closer = _Opener(self), _Closer(self)
 
     def mark(self, name: str) -> None:
@@ -183,14 +184,18 @@ class StepProfiler:
 
     def _mark_forward_end(self, _module, _inputs, output) -> None:
         self.mark("forward_end")
-        # The first output with a graph: the loss (Trainer), or the log-probs TRL's fused LM head returns, the loss
-        # being computed from them outside the model; backward reaches it after at most a few scalar ops.
-        values = output.values() if isinstance(output, dict) else [output]
-        tensor = next((value for value in values if torch.is_tensor(value) and value.grad_fn is not None), None)
-        if tensor is not None:
-            tensor.grad_fn.register_prehook(self._mark_backward_start)
+        # Every output with a graph: the loss (Trainer), or what TRL's fused LM head returns (the loss is computed
+        # from its log-probs outside the model, and some outputs are detached); backward reaches the first one
+        # that is part of the loss after at most a few scalar ops.
+        self._backward_started = False
+        for value in output.values() if isinstance(output, dict) else [output]:
+            if torch.is_tensor(value) and value.grad_fn is not None:
+                value.grad_fn.register_prehook(self._mark_backward_start)
 
     def _mark_backward_start(self, _grad_outputs) -> None:
+        if self._backward_started:
+            return
+        self._backward_started = True
         self.mark("backward_start")
         # Runs when the whole backward pass is done (the hook DDP uses to know its gradients are ready).
         torch.autograd.Variable._execution_engine.queue_callback(lambda: self.mark("backward_end"))
