@@ -341,7 +341,7 @@ def _settings_column() -> SimpleNamespace:
     ui.collators = gr.CheckboxGroup([(spec.label, name) for name, spec in COLLATORS.items()],
                                     value=list(DEFAULTS.collators), label="Collators to compare", elem_id="collators")
     ui.steps = gr.Slider(1, LIMITS.max_steps, value=DEFAULTS.steps, step=1, label="Steps per collator",
-                         info="step 1 is warm-up and not timed", elem_id="steps")
+                         info="step 1 is warm-up and step 2 profiled: neither is timed", elem_id="steps")
     ui.batch_size = gr.Slider(1, LIMITS.max_batch_size, value=DEFAULTS.batch_size, step=1, label="Batch size",
                               info="examples per step (bfd: packed rows)", elem_id="batch-size")
     with gr.Accordion("More settings", open=False):
