@@ -7,7 +7,8 @@
 #    it after RoPE) still reach the kernel;
 # 3. llama-1b (the Llama-3.2-1B shape, random init) in bf16, flan-like and orcamath-like, padded vs flatten,
 #    with --attention varlen and, when flash-attn is importable, flash_attention_2;
-# 4. a markdown table (speedup, ideal, peak memory vs padded) in $OUT/gpu_check.md.
+# 4. a markdown table (speedup, ideal, work ideal, flags, peak memory vs padded, time anatomy of the profiled step:
+#    backward / forward and matmul share from CUDA kernel times) in $OUT/gpu_check.md.
 #
 # Installs nothing beyond `pip install -r requirements.txt`, and only when the stack does not import already.
 # Usage: OUT=/some/dir bash benchmarks/gpu_check.sh     (STEPS and BATCH override the run size)
@@ -16,7 +17,8 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false GRADIO_ANALYTICS_ENABLED=False
-# 10 steps of 8 examples: step 1 is warm-up, 9 timed; a llama-1b burst is ~10 s of steps plus ~10 s of model init.
+# 10 steps of 8 examples: step 1 is warm-up, step 2 profiled, 8 timed; a llama-1b burst is ~10 s of steps plus ~10 s
+# of model init.
 STEPS="${STEPS:-10}"
 BATCH="${BATCH:-8}"
 SAMPLES=$((STEPS * BATCH))
@@ -100,8 +102,10 @@ from pathlib import Path
 out = Path(sys.argv[1])
 # Memory (issue 4's GPU target, ±10%): the estimated peak of a step next to max_memory_allocated, and the CUDA
 # context NVML measured (used minus reserved).
-lines = ["| dataset | attention | collator | tokens/s | step ms | speedup | ideal | peak memory GB | peak vs padded "
-         "| estimated peak GB | estimate error | context GB | max abs Δloss |", "|" + "---|" * 13]
+lines = ["| dataset | attention | collator | tokens/s | step ms | speedup | ideal | work ideal | flags "
+         "| peak memory GB | peak vs padded | estimated peak GB | estimate error | context GB | max abs Δloss "
+         "| bwd/fwd | matmul share | phases / step |", "|" + "---|" * 18]
+problems = []
 environment = {}
 for path in sorted(out.glob("llama-1b-*.json")):
     document = json.loads(path.read_text())
@@ -113,16 +117,24 @@ for path in sorted(out.glob("llama-1b-*.json")):
         estimated = result["memory"].get("estimated_peak_bytes")
         error = None if not (peak and estimated) else estimated / peak - 1
         context = result["memory"].get("measured", {}).get("context")
+        anatomy = result.get("time_anatomy") or {"step_s": 1.0, "phases": {"forward": 0.0}, "ops": {"matmul": 0.0}}
+        phases, ops = anatomy["phases"], anatomy["ops"]
+        phase_sum = sum(phases.values()) / anatomy["step_s"]
+        if not (0.85 <= phase_sum <= 1.15 and ops["matmul"] > 0):  # CUDA kernels captured, phases add up
+            problems.append(f"{path.name} {result['collator']}: anatomy {anatomy}")
         lines.append(
             f"| {document['dataset_stats']['name']} | {result['attention']} | {result['collator']} | "
             f"{result['tokens_per_s']:.0f} | {1000 * result['step_time_median_s']:.0f} | "
-            f"{entry['speedup_vs_padded']:.2f}x | {entry['ideal_speedup']:.2f}x | "
+            f"{entry['speedup_vs_padded']:.2f}x | {entry['ideal_speedup']:.2f}x | {entry['work_ideal_speedup']:.2f}x | "
+            f"{', '.join(entry['flags']) or '-'} | "
             f"{'-' if peak is None else f'{peak / 1e9:.1f}'} | {'-' if delta is None else f'{delta:+.1%}'} | "
             f"{'-' if estimated is None else f'{estimated / 1e9:.1f}'} | {'-' if error is None else f'{error:+.1%}'} | "
-            f"{'-' if context is None else f'{context / 1e9:.2f}'} | {entry['max_abs_loss_diff_vs_padded']:.1e} |")
+            f"{'-' if context is None else f'{context / 1e9:.2f}'} | {entry['max_abs_loss_diff_vs_padded']:.1e} | "
+            f"{phases.get('backward', 0) / max(phases['forward'], 1e-9):.2f} | {ops['matmul'] / anatomy['step_s']:.0%} | "
+            f"{phase_sum:.2f} |")
 header = (f"{time.strftime('%Y-%m-%d')}, {environment.get('gpu', '?')}, torch {environment.get('torch', '?')}, "
           f"transformers {environment.get('transformers', '?')}; llama-1b, bf16")
-table = header + "\n\n" + "\n".join(lines) + "\n"
+table = header + "\n\n" + "\n".join(lines) + "\n" + "".join(f"\nANATOMY CHECK FAILED: {p}" for p in problems)
 (out / "gpu_check.md").write_text(table)
 print(table)
 EOF

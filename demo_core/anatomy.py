@@ -232,7 +232,8 @@ class StepProfiler:
             self._ranges = None
 
     def abandon(self) -> None:
-        """Training ended before the profiled step closed (a stop, or fewer steps): drop the window."""
+        """Ends a window still open when training ended (an error mid-step): a profiler left running would refuse
+        the next burst's. A no-op after `close`."""
         self._remove_hooks()
         if self._profiler is not None:
             self._profiler.stop()
@@ -266,9 +267,6 @@ class _Closer(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):  # global_step already counts this step
         if self.owner._profiler is not None and state.global_step == PROFILED_STEP:
             self.owner.close()
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.owner.abandon()
 
 
 # ---- from profiler events to the anatomy ---------------------------------------------------------------------------

@@ -232,7 +232,10 @@ def run_burst(source: ModelSource, examples: list[list[int]], spec: CollatorSpec
         for callback in (recorder, memory_recorder, profiler.closer,
                          *([TurnTaking(turns, spec.name)] if turns is not None else []), profiler.opener):
             trainer.add_callback(callback)
-        result = train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
+        try:
+            result = train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
+        finally:
+            profiler.abandon()
     del trainer, model, optimizer, memory_recorder, profiler
     release_memory()
     return merge_ranks(result)

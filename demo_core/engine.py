@@ -71,14 +71,15 @@ def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) ->
     return costs
 
 
-def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1) -> float:
+def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1,
+                  profiled_step: int | None = PROFILED_STEP) -> float:
     """Padded slots / real tokens over the timed steps (all steps when none is timed): the speedup if step time
     were proportional to slots.
 
     Under DDP each rank pads only its own batch_size / world_size examples (consecutive shares of the global batch).
     """
     costs = padded_step_costs(examples, batch_size // world_size, steps * world_size)
-    timed = [costs[index * world_size + rank] for index in timed_step_indices(steps, PROFILED_STEP)
+    timed = [costs[index * world_size + rank] for index in timed_step_indices(steps, profiled_step)
              for rank in range(world_size)] or costs
     return sum(slots for _, slots in timed) / sum(real for real, _ in timed)
 
