@@ -53,9 +53,9 @@ def resolve_threads(requested: int | None, device: str) -> int | None:
     """None: 1 thread on a CPU, torch's own choice on a GPU (its host threads only launch kernels).
 
     One thread, because CPUs are often shared (a Space, CI, a laptop): with two, every parallel operator waits at
-    its barrier for a thread the OS gave to other work. Measured with one other process spinning on this 2-core
-    machine (benchmarks/speedup_stability.py, docs/RESULTS.md): three default runs gave flatten 1.13x / 1.61x /
-    2.19x with torch's 2 threads, and 2.00x / 2.07x / 2.16x with one.
+    its barrier for a thread the OS gave to other work. Measured with one other process spinning on a shared
+    2-core machine (benchmarks/speedup_stability.py, docs/RESULTS.md): three default runs gave flatten 2.02x /
+    2.73x / 1.87x with torch's 2 threads, and 2.30x / 2.11x / 2.05x with one, minutes apart.
     """
     return 1 if requested is None and device == "cpu" else requested
 

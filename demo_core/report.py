@@ -102,7 +102,7 @@ def best_speedup(document: dict) -> float | None:
 def _speedup_sentence(entry: dict) -> str:
     low, high = entry["speedup_range"]
     work = entry.get("work_ideal_speedup")
-    work_text = "" if work is None else f", {work:.2f}× by the work that shrinks with padding"
+    work_text = "" if work is None else f", {work:.2f}× by work (attention per example does not shrink)"
     return (f"{entry['speedup_vs_padded']:.2f}× the padded throughput (middle half of steps {low:.2f}–{high:.2f}×) "
             f"of an ideal {entry['ideal_speedup']:.2f}× by slots{work_text}")
 
@@ -187,12 +187,15 @@ def anatomy_markdown(document: dict) -> str:
     lines = [f"Backward / forward time: {ratios} (the model training anatomy: backward ≈ 2× forward, two matmuls "
              "per forward one). Step 2 of each burst, profiled with torch.profiler, so left out of the throughput; "
              "the profiler slows it, so compare shares, not seconds."]
+    return "\n\n".join(lines + _gap_sentences(document))
+
+
+def _gap_sentences(document: dict) -> list[str]:
+    """One per profiled collator that trained padded's batches (only then is its profiled step the same batch)."""
+    profiled = [r for r in document["results"] if r.get("time_anatomy")]
     padded = next((r for r in profiled if r["collator"] == BASELINE), None)
-    for result in profiled:
-        same_batch = collator_spec(result["collator"]).same_batches_as_padded
-        if padded is not None and result is not padded and same_batch:
-            lines.append(_gap_sentence(padded, result))
-    return "\n\n".join(lines)
+    return [_gap_sentence(padded, result) for result in profiled if padded is not None and result is not padded
+            and collator_spec(result["collator"]).same_batches_as_padded]
 
 
 # ---- saved runs -------------------------------------------------------------------------------------------------
@@ -263,6 +266,8 @@ def format_report(document: dict) -> str:
         if len(anatomy) > 1:
             lines += ["", f"time anatomy of one profiled step, by {'phase' if part == 'phases' else 'operation'} (ms)",
                       text_table(anatomy)]
+    gaps = _gap_sentences(document)
+    lines += ["", *(gap.replace("**", "") for gap in gaps)] if gaps else []
     world_size = document["environment"].get("world_size", 1)
     if world_size > 1:
         lines.append(f"{world_size} processes (DDP), {config['batch_size'] // world_size} examples each per step: "

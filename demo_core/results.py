@@ -1,7 +1,8 @@
 """Result and Comparison: what a run returns and its JSON form (the document the CLI writes and the API returns).
 
-JSON document: `config`, `dataset_stats`, `results` (one per collator), `comparison` (per collator: speedup vs
-padded, ideal speedup, loss difference vs padded), plus `contamination` and `environment`.
+JSON document: `config`, `dataset_stats`, `results` (one per collator: per-step series, robust throughput over the
+timed steps, the profiled step's `time_anatomy`), `comparison` (per collator: speedup vs padded with its range,
+the slots and work ideals, loss difference vs padded, `flags`), plus `contamination` and `environment`.
 """
 
 from __future__ import annotations
