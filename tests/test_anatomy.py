@@ -5,7 +5,8 @@ import torch
 from torch.profiler import profile
 
 from demo_core import RunConfig, run_comparison
-from demo_core.anatomy import OP_CLASSES, PHASES, PROFILED_STEP, _ModuleRanges, classify_events, classify_op
+from demo_core.anatomy import (OP_CLASSES, PHASES, PROFILED_STEP, StepProfiler, _ModuleRanges, classify_events,
+                               classify_op)
 
 
 @pytest.mark.parametrize("name, context, expected", [
@@ -68,6 +69,20 @@ def test_backward_nodes_take_the_class_of_the_forward_op_that_made_them():
     mm_backward = {op_class for event, op_class, _ in classified if event.name.startswith("aten::mm")}
     assert mm_backward == {"matmul"}
     assert {op_class for _, op_class, _ in classified} <= set(OP_CLASSES)
+
+
+def test_an_abandoned_window_stops_the_profiler_and_unhooks_the_model():
+    """What a burst that fails mid-step relies on (burst.run_burst abandons in a finally)."""
+    model = Toy()
+    hooks_before = (len(model._forward_pre_hooks), len(model.norm._forward_pre_hooks), len(model._forward_hooks))
+    profiler = StepProfiler(model, "cpu")
+    profiler.open()
+    assert torch.autograd._profiler_enabled()
+    model(torch.randn(2, 16))
+    profiler.abandon()
+    assert not torch.autograd._profiler_enabled()
+    assert (len(model._forward_pre_hooks), len(model.norm._forward_pre_hooks), len(model._forward_hooks)) == hooks_before
+    assert profiler.anatomy is None
 
 
 @pytest.fixture(scope="module")
