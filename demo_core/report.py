@@ -17,6 +17,7 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
+from .anatomy import OP_CLASSES, PHASES
 from .collators import BASELINE, collator_spec
 
 
@@ -135,8 +136,6 @@ def headline(document: dict, seconds: float | None = None) -> str:
 # example attention (varlen / flash skip padding in the padded baseline too), the optimizer, data, Python overhead.
 SCALES_WITH_SLOTS = ("matmul", "normalization", "elementwise")
 DOES_NOT_SCALE = ("attention", "optimizer", "data", "other")
-PHASE_NAMES = ("forward", "backward", "optimizer", "data", "other")
-OP_NAMES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "data", "other")
 
 
 def backward_over_forward(anatomy: dict) -> float | None:
@@ -146,7 +145,7 @@ def backward_over_forward(anatomy: dict) -> float | None:
 
 def anatomy_rows(document: dict, part: str) -> list[list[str]]:
     """A header and one row per profiled collator: `part` "phases" or "ops", in ms, with backward / forward."""
-    names = PHASE_NAMES if part == "phases" else OP_NAMES
+    names = PHASES if part == "phases" else OP_CLASSES
     rows = [["collator", "profiled step ms", *names, "backward / forward"]]
     for result in document["results"]:
         anatomy = result.get("time_anatomy")
