@@ -81,9 +81,11 @@ def show_preview(model, dataset, upload, samples, collators, steps, batch_size, 
 
 
 def _result_views(document: dict, name: str) -> tuple:
-    """(throughput, loss, memory, results table, contamination table, JSON file, CSV file) of a finished run."""
+    """(throughput, loss, memory, results table, contamination table, JSON file, CSV file, time anatomy figure and
+    its words) of a finished run."""
     return (plots.throughput_figure(document), plots.loss_figure(document), plots.memory_figure(document),
-            report.results_table(document), report.contamination_table(document), *downloads.write(document, name))
+            report.results_table(document), report.contamination_table(document), *downloads.write(document, name),
+            plots.anatomy_figure(document), report.anatomy_markdown(document))
 
 
 def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: Upload | None) -> str:
@@ -106,27 +108,33 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
     prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
                               max_length, precision, optimizer)
     job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
-    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 9)
+    yield ("Training…", gr.skip(), *_preview_views(demo_core.preview(prepared)), *[gr.skip()] * 11)
     steps, collator_count = prepared.config.steps, len(prepared.specs)
-    total_steps, done = collator_count * steps, 0
+    total_steps = collator_count * steps
+    # Steps done per collator: on a CPU the collators take turns step by step, so their steps arrive interleaved
+    # and their results all at the end; the progress bar counts every collator's steps.
+    steps_done = dict.fromkeys((spec.name for spec in prepared.specs), 0)
     with session.running(), contextlib.closing(runs.train_and_save(job, HISTORY, session, file)) as events:
         progress((0, total_steps), desc="building the model and the first batch")
         for kind, *payload in events:
             if kind == gpu.STEP:
                 name, step, _ = payload
-                progress((done * steps + step, total_steps), desc=f"{name}: step {step}/{steps}")
+                steps_done[name] = step
+                progress((sum(steps_done.values()), total_steps),
+                         desc=" · ".join(f"{name} {done}/{steps}" for name, done in steps_done.items()))
             elif kind == gpu.RESULT:
                 partial = payload[0]
                 done = len(partial["results"])
-                progress((done * steps, total_steps),
+                progress((sum(steps_done.values()), total_steps),
                          desc="contamination check" if done == collator_count else "next collator")
                 yield (f"Running: {done} of {collator_count} collators done…", *[gr.skip()] * 4,
                        plots.throughput_figure(partial), plots.loss_figure(partial), plots.memory_figure(partial),
-                       report.results_table(partial), *[gr.skip()] * 5)
+                       report.results_table(partial), *[gr.skip()] * 3, plots.anatomy_figure(partial),
+                       report.anatomy_markdown(partial), *[gr.skip()] * 2)
             else:
                 entry = payload[0]
     if entry is None:  # stopped while it waited for the GPU
-        yield "Stopped before the first step: nothing to save.", *[gr.skip()] * 12, gr.skip() if file is None else None
+        yield "Stopped before the first step: nothing to save.", *[gr.skip()] * 14, gr.skip() if file is None else None
         return
     yield (_saved_status(entry, job, file), report.headline(entry.document, time.perf_counter() - started),
            *[gr.skip()] * 3, *_result_views(entry.document, entry.run_id), history_table(request),
@@ -269,7 +277,7 @@ def _settings_column() -> SimpleNamespace:
     ui.collators = gr.CheckboxGroup([(spec.label, name) for name, spec in COLLATORS.items()],
                                     value=list(DEFAULTS.collators), label="Collators to compare", elem_id="collators")
     ui.steps = gr.Slider(1, LIMITS.max_steps, value=DEFAULTS.steps, step=1, label="Steps per collator",
-                         info="step 1 is warm-up and not timed", elem_id="steps")
+                         info="step 1 is warm-up and step 2 profiled: neither is timed", elem_id="steps")
     ui.batch_size = gr.Slider(1, LIMITS.max_batch_size, value=DEFAULTS.batch_size, step=1, label="Batch size",
                               info="examples per step (bfd: packed rows)", elem_id="batch-size")
     with gr.Accordion("More settings", open=False):
@@ -311,6 +319,10 @@ def _views_column() -> SimpleNamespace:
                   "is float rounding; naive concat moves them by O(1))")
     ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
                               wrap=True, elem_id="results")
+    # ---- time anatomy (issue 13): one profiled step per collator, and why the speedup misses its ideal ----
+    with gr.Row():
+        ui.anatomy_plot = gr.Plot(label="Time anatomy", show_label=False, elem_id="anatomy-plot")
+        ui.anatomy_text = gr.Markdown(elem_id="anatomy-text")
     with gr.Row():
         ui.json_file = gr.File(label="Run as JSON", interactive=False)
         ui.csv_file = gr.File(label="Results as CSV", interactive=False)
@@ -335,7 +347,7 @@ def build_demo() -> gr.Blocks:
                        inputs.max_length]
         preview_outputs = [views.batch_plot, views.lengths_plot, views.cost]
         result_outputs = [views.throughput_plot, views.loss_plot, views.memory_plot, views.results,
-                          views.contamination, views.json_file, views.csv_file]
+                          views.contamination, views.json_file, views.csv_file, views.anatomy_plot, views.anatomy_text]
         # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
         preview_options = dict(fn=show_preview, inputs=page_inputs, outputs=preview_outputs, api_visibility="private",
                                concurrency_id="preview", concurrency_limit=4, trigger_mode="always_last",
@@ -381,6 +393,7 @@ def launch(**overrides):
     options = dict(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    server_port=int(port) if port else None, share=False, show_error=False,
                    max_file_size=LIMITS.max_upload_bytes, theme=THEME)
+    demo_core.initialize_profiler()  # the time anatomy profiles in worker threads: kineto must start in this one
     return demo.launch(**{**options, **overrides})
 
 

@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
 CHECKS="${CHECKS:-tests bench app}"
-STEPS="${STEPS:-10}"  # step 1 is warm-up: 9 timed steps
+STEPS="${STEPS:-10}"  # step 1 is warm-up, step 2 profiled (time anatomy): 8 timed steps
 BATCH="${BATCH:-8}"
 BUDGET_S="${BUDGET_S:-480}"  # the llama-1b runs stop being started after this many seconds: a run that cannot finish
 mkdir -p "$OUT"

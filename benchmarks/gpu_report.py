@@ -4,8 +4,10 @@
   (`max_memory_allocated`) vs padded, max |Δloss| vs padded, with the paper's aims (varlen: ≥ 2.0x and ≥ 20% less
   peak memory on flan-like, ≥ 1.4x and ≥ 6% on orcamath-like);
 - memory: estimate vs measurement per category and for the step's peak (aims: total ±5%, activations ±10%);
-- the CUDA context NVML measured, next to the 1,343 MB the seed saw on a V100 (CUDA 11, before lazy loading).
-Exits 1 when packing's losses leave padding's (the check that must hold; missed aims are reported, not failed).
+- the CUDA context NVML measured, next to the 1,343 MB the seed saw on a V100 (CUDA 11, before lazy loading);
+- the time anatomy of each burst's profiled step (phases, backward / forward, matmul share of CUDA kernel time).
+Exits 1 when packing's losses leave padding's, or when an anatomy's phases do not add up to its step within 15% or
+caught no matmul kernel (the checks that must hold; missed aims are reported, not failed).
 
     python benchmarks/gpu_report.py OUT_DIR      # reads OUT_DIR/llama-1b-*.json, writes OUT_DIR/gpu_check.md
 """
@@ -43,9 +45,9 @@ def report(documents: list[dict]) -> tuple[str, list[str]]:
     lines = [f"{time.strftime('%Y-%m-%d')}, {environment.get('gpu', '?')}, torch {environment['torch']}, "
              f"transformers {environment['transformers']}, Python {environment['python']}; llama-1b (Llama-3.2-1B "
              f"shape, random init), bf16 autocast, AdamW", "",
-             "| dataset | attention | collator | tokens/s | step ms | speedup | ideal | of ideal | peak GB | peak vs "
-             "padded | max \\|Δloss\\| | aim |", "|" + "---|" * 12]
-    failures, memory_rows, contexts = [], [], []
+             "| dataset | attention | collator | tokens/s | step ms | speedup | ideal | of ideal | work ideal | flags "
+             "| peak GB | peak vs padded | max \\|Δloss\\| | aim |", "|" + "---|" * 14]
+    failures, memory_rows, contexts, anatomy_rows = [], [], [], []
     for document in documents:
         dataset, attention = document["dataset_stats"]["name"], document["config"]["resolved_attention"]
         for result in document["results"]:
@@ -58,11 +60,13 @@ def report(documents: list[dict]) -> tuple[str, list[str]]:
                 met = (speedup or 0) >= speed_aim and peak_change is not None and peak_change <= memory_aim
                 aim = f"{'met' if met else 'missed'} (≥ {speed_aim}x, ≤ {memory_aim:+.0%})"
             if loss_diff is not None and loss_diff > LOSS_TOLERANCE:
-                failures.append(f"{dataset} {attention} {result['collator']}: max |Δloss| {loss_diff:.1e}")
+                failures.append(f"{dataset} {attention} {result['collator']}: packed losses left padded ones, "
+                                f"max |Δloss| {loss_diff:.1e}")
             lines.append(
                 f"| {dataset} | {attention} | {result['collator']} | {result['tokens_per_s']:.0f} | "
                 f"{1000 * result['step_time_median_s']:.0f} | {_number(speedup, '.2f', 'x')} | {ideal:.2f}x | "
-                f"{_number(entry['ratio_to_ideal'], '.0%')} | {_gb(result['peak_memory_bytes'])} | "
+                f"{_number(entry['ratio_to_ideal'], '.0%')} | {_number(entry.get('work_ideal_speedup'), '.2f', 'x')} | "
+                f"{', '.join(entry.get('flags', [])) or '–'} | {_gb(result['peak_memory_bytes'])} | "
                 f"{_percent(peak_change)} | {_number(loss_diff, '.1e')} | {aim} |")
             memory = result["memory"]
             peak, estimated_peak = result["peak_memory_bytes"], memory.get("estimated_peak_bytes")
@@ -73,6 +77,7 @@ def report(documents: list[dict]) -> tuple[str, list[str]]:
                                + f" | {_gb(estimated_peak)} / {_gb(peak)} ({_percent(total_error)}) |")
             if memory["measured"].get("context"):
                 contexts.append(memory["measured"]["context"])
+            anatomy_rows.append(_anatomy_row(dataset, attention, result, failures))
     lines += ["", "Memory, estimate / measured GB (error), per category and for the step's peak "
               "(`max_memory_allocated`); aims: total ±5%, activations ±10%:", "",
               "| dataset | attention | collator | " + " | ".join(CATEGORIES) + " | peak |", "|" + "---|" * 9]
@@ -81,7 +86,32 @@ def report(documents: list[dict]) -> tuple[str, list[str]]:
                "(NVML unavailable)")
     lines += ["", f"CUDA context (NVML process used − allocator reserved): {context}; the seed measured "
               f"{SEED_CONTEXT_BYTES / 2**20:,.0f} MB on a V100 (CUDA 11, before lazy loading)."]
+    lines += ["", "Time anatomy of the profiled step (ms): phases, backward / forward, matmul share of the step:", "",
+              "| dataset | attention | collator | step | forward | backward | optimizer | data | other | bwd/fwd | "
+              "matmul share | phases / step |", "|" + "---|" * 12]
+    lines += anatomy_rows
     return "\n".join(lines) + "\n", failures
+
+
+ANATOMY_PHASES = ("forward", "backward", "optimizer", "data", "other")
+
+
+def _anatomy_row(dataset: str, attention: str, result: dict, failures: list[str]) -> str:
+    """One row of the anatomy table; an anatomy whose phases miss its step by > 15%, or that caught no matmul
+    kernel (the CUDA activity was not recorded), is a failure."""
+    where = f"{dataset} {attention} {result['collator']}"
+    anatomy = result.get("time_anatomy")
+    if not anatomy:
+        failures.append(f"{where}: no time anatomy")
+        return f"| {dataset} | {attention} | {result['collator']} |" + " – |" * 9
+    step_s, phases, ops = anatomy["step_s"], anatomy["phases"], anatomy["ops"]
+    phase_share = sum(phases.values()) / step_s
+    if not 0.85 <= phase_share <= 1.15 or not ops.get("matmul"):
+        failures.append(f"{where}: anatomy phases {phase_share:.2f} of the step, matmul {ops.get('matmul')} s")
+    backward_per_forward = phases["backward"] / phases["forward"] if phases.get("forward") else None
+    cells = [f"{1000 * step_s:.0f}", *(f"{1000 * phases.get(name, 0.0):.0f}" for name in ANATOMY_PHASES),
+             _number(backward_per_forward, ".2f"), f"{ops.get('matmul', 0.0) / step_s:.0%}", f"{phase_share:.2f}"]
+    return f"| {dataset} | {attention} | {result['collator']} | " + " | ".join(cells) + " |"
 
 
 def main() -> int:
@@ -94,7 +124,7 @@ def main() -> int:
     (out / "gpu_check.md").write_text(markdown)
     print(markdown)
     for failure in failures:
-        print(f"FAILED: packed losses left padded ones (tolerance {LOSS_TOLERANCE:.0e}): {failure}", file=sys.stderr)
+        print(f"FAILED: {failure} (losses: tolerance {LOSS_TOLERANCE:.0e})", file=sys.stderr)
     return 1 if failures else 0
 
 

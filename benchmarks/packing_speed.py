@@ -5,14 +5,16 @@ weights, alternating step by step (AB, then BA on the repeat), so both see the s
 is the fastest of its repeats, since noise on a shared machine only ever adds time. Reported per pair:
   pad fraction      padded slots that hold padding (timed steps)
   ideal speedup     padded slots / real tokens: the speedup if step time were proportional to slots
-  measured speedup  padded step time / flatten step time over the same timed steps
+  measured speedup  the engine's (results.compare): trimmed mean time per token slot over the timed steps,
+                    padded over flatten, on the fastest repeat of each step
   ratio to ideal    measured / ideal
-  work ideal        padded FLOPs / flatten FLOPs under a simple cost model (`work_flops`): unlike the ideal it
-                    counts attention, which the padded baseline skips on padding too under varlen (as under
+  work ideal        padded FLOPs / flatten FLOPs under the engine's cost model (demo_core/work.py): unlike the
+                    ideal it counts attention, which the padded baseline skips on padding too under varlen (as under
                     flash_attention_2), so it does not shrink with packing
+  ratio to work     measured / work ideal
   collate share     batch building time / (batch building + step), flatten's and padded's
-Step 1 is warm-up and left out, as in the engine's results. Writes `packing_speed.md` and `packing_speed.json`
-under --out.
+Step 1 is warm-up and left out, as in the engine's results; the optimizer is the engine's (fused AdamW). Writes
+`packing_speed.md` and `packing_speed.json` under --out.
 
     python benchmarks/packing_speed.py --out /tmp/packing-speed            # the CPU table in docs/RESULTS.md
     python benchmarks/packing_speed.py --profile --models tiny-llama ...   # plus a torch.profiler table per step
@@ -39,6 +41,7 @@ from demo_core.collators import collator_spec, make_collator  # noqa: E402
 from demo_core.engine import ideal_speedup  # noqa: E402
 from demo_core.models import load_model_source  # noqa: E402
 from demo_core.results import Result, compare  # noqa: E402
+from demo_core.work import WorkModel, step_flops  # noqa: E402
 
 COLLATORS = ("padded", "flatten")
 
@@ -50,7 +53,8 @@ class PairedRun:
         self.collator_name, self.device = collator, device
         self.model = source.build(attention, torch.float32, seed=seed).to(device).train()
         self.model.config.use_cache = False  # a cache turns packing detection off
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
+        # The engine's optimizer (trainers.training_arguments: adamw_torch_fused).
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0, fused=True)
         self.collator = make_collator(collator, source.tokenizer)
 
     def _synchronize(self):
@@ -73,28 +77,9 @@ class PairedRun:
         return float(loss.detach()), time.perf_counter() - started, collate_s
 
 
-def work_flops(model: torch.nn.Module, lengths: list[int], collator: str, attention: str) -> float:
-    """Training FLOPs of one step (forward + backward = 3x forward) under a plain cost model.
-
-    Linear layers: 2 FLOPs per weight per computed token slot. Attention per layer: 4 FLOPs per head dimension per
-    (query, key) score pair computed: causal pairs s(s+1)/2 per segment for varlen, every pair of the row when
-    SDPA takes an explicit mask (padded rows: L², a dense packed row: T²).
-    """
-    config = model.config
-    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    attention_width = config.num_attention_heads * head_dim
-    padded = collator_spec(collator).layout == "padded"
-    slots = len(lengths) * max(lengths) if padded else sum(lengths)
-    if attention == "sdpa":
-        pairs = len(lengths) * max(lengths) ** 2 if padded else sum(lengths) ** 2
-    else:
-        pairs = sum(n * (n + 1) // 2 for n in lengths)
-    return 3 * (2 * linear_weights * slots + 4 * attention_width * pairs * config.num_hidden_layers)
-
-
-def run_pair(source, examples, attention: str, args, device: str) -> tuple[float, list[Result]]:
+def run_pair(source, examples, attention: str, args, device: str) -> list[Result]:
     runs = [PairedRun(source, name, attention, device, args.seed, args.learning_rate) for name in COLLATORS]
+    work = WorkModel.of(runs[0].model)
     records = {name: {"losses": [], "times": [], "collate": [], "real": [], "slots": [], "examples": [], "flops": []}
                for name in COLLATORS}
     for step in range(args.steps):
@@ -109,22 +94,20 @@ def run_pair(source, examples, attention: str, args, device: str) -> tuple[float
                     records[run.collator_name]["losses"].append(loss)
         lengths = [len(f["input_ids"]) for f in features]
         for name in COLLATORS:
-            record = records[name]
+            record, layout = records[name], collator_spec(name).layout
             record["times"].append(best[name][0])
             record["collate"].append(best[name][1])
             record["real"].append(sum(lengths))
-            padded = collator_spec(name).layout == "padded"
-            record["slots"].append(len(lengths) * max(lengths) if padded else sum(lengths))
+            record["slots"].append(len(lengths) * max(lengths) if layout == "padded" else sum(lengths))
             record["examples"].append(len(lengths))
-            record["flops"].append(work_flops(runs[0].model, lengths, name, attention))
+            record["flops"].append(step_flops(work, lengths, layout, attention))
     if args.profile:
         _profile(runs, examples, args, f"{source.name}-{attention}")
-    timed = slice(1, None)  # step 1 is warm-up, as in Result
-    work_ideal = sum(records["padded"]["flops"][timed]) / sum(records["flatten"]["flops"][timed])
-    return work_ideal, [
+    return [
         Result(collator=name, attention=attention, device=device, precision=args.precision, steps=args.steps,
                losses=r["losses"], step_times_s=r["times"], step_real_tokens=r["real"], step_padded_slots=r["slots"],
-               step_examples=r["examples"], step_collate_s=r["collate"], peak_memory_bytes=None, memory={})
+               step_examples=r["examples"], step_collate_s=r["collate"], peak_memory_bytes=None, memory={},
+               step_work_flops=r["flops"])
         for name, r in records.items()
     ]
 
@@ -143,7 +126,7 @@ def _profile(runs: list[PairedRun], examples, args, label: str) -> None:
         print(f"profile written: {path}")
 
 
-def _row(model: str, dataset: str, attention: str, results: list[Result], ideal: float, work_ideal: float) -> dict:
+def _row(model: str, dataset: str, attention: str, results: list[Result], ideal: float) -> dict:
     padded, flatten = results
     entry = compare(results, ideal)["flatten"]
     return {
@@ -151,8 +134,10 @@ def _row(model: str, dataset: str, attention: str, results: list[Result], ideal:
         "pad_fraction": padded.pad_fraction,
         "ideal_speedup": entry["ideal_speedup"],
         "measured_speedup": entry["speedup_vs_padded"],
+        "speedup_range": entry["speedup_range"],
         "ratio_to_ideal": entry["ratio_to_ideal"],
-        "work_ideal_speedup": work_ideal,
+        "work_ideal_speedup": entry["work_ideal_speedup"],
+        "ratio_to_work_ideal": entry["ratio_to_work_ideal"],
         "collate_share_flatten": flatten.collate_time_share,
         "collate_share_padded": padded.collate_time_share,
         "padded_step_ms": 1000 * padded.step_time_median_s,
@@ -162,14 +147,15 @@ def _row(model: str, dataset: str, attention: str, results: list[Result], ideal:
 
 
 def markdown(rows: list[dict]) -> str:
-    header = ("| model | dataset | attention | pad fraction | ideal | measured | ratio to ideal | work ideal | "
-              "collate share (flatten / padded) | step ms (padded / flatten) | max abs Δloss |")
-    lines = [header, "|" + "---|" * 11]
+    header = ("| model | dataset | attention | pad fraction | ideal | measured | range | ratio to ideal | work ideal | "
+              "ratio to work | collate share (flatten / padded) | step ms (padded / flatten) | max abs Δloss |")
+    lines = [header, "|" + "---|" * 13]
     for r in rows:
+        low, high = r["speedup_range"]
         lines.append(
             f"| {r['model']} | {r['dataset']} | {r['attention']} | {r['pad_fraction']:.1%} | "
-            f"{r['ideal_speedup']:.2f}x | {r['measured_speedup']:.2f}x | {r['ratio_to_ideal']:.2f} | "
-            f"{r['work_ideal_speedup']:.2f}x | "
+            f"{r['ideal_speedup']:.2f}x | {r['measured_speedup']:.2f}x | {low:.2f}–{high:.2f}x | "
+            f"{r['ratio_to_ideal']:.2f} | {r['work_ideal_speedup']:.2f}x | {r['ratio_to_work_ideal']:.2f} | "
             f"{r['collate_share_flatten']:.2%} / {r['collate_share_padded']:.2%} | "
             f"{r['padded_step_ms']:.0f} / {r['flatten_step_ms']:.0f} | {r['max_abs_loss_diff']:.1e} |"
         )
@@ -182,7 +168,8 @@ def main(argv=None) -> int:
     parser.add_argument("--datasets", default="flan-like,orcamath-like")
     parser.add_argument("--attentions", default="sdpa,varlen,flash_attention_2",
                         help="paths that cannot run here (capability table) are skipped with a note")
-    parser.add_argument("--steps", type=int, default=7, help="steps per pair; the first is warm-up")
+    parser.add_argument("--steps", type=int, default=7, help="steps per pair; the first is warm-up (at least 4: the "
+                        "engine gives no speedup below 3 timed steps)")
     parser.add_argument("--repeats", type=int, default=2, help="timings per step per collator; the fastest counts")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=1024)
@@ -205,14 +192,14 @@ def main(argv=None) -> int:
         for dataset in args.datasets.split(","):
             examples = data.load(dataset, source.tokenizer, args.steps * args.batch_size, args.seed,
                                  args.max_length).examples
-            ideal = ideal_speedup(examples, args.batch_size, args.steps)
+            ideal = ideal_speedup(examples, args.batch_size, args.steps, profiled_step=None)  # no step profiled
             for attention in args.attentions.split(","):
                 works, why = capability(source.config, attention, device)
                 if not works:
                     skipped.append(f"{model} {attention} on {device}: {why}")
                     continue
-                work_ideal, results = run_pair(source, examples, attention, args, device)
-                rows.append(_row(model, dataset, attention, results, ideal, work_ideal))
+                results = run_pair(source, examples, attention, args, device)
+                rows.append(_row(model, dataset, attention, results, ideal))
                 print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     environment = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": platform.machine(), "processor": platform.processor(),

@@ -2,7 +2,9 @@
 
 `StepRecorder` (a TrainerCallback) times each optimizer step between `on_step_begin` and `on_step_end`, after a
 device synchronisation, so the time covers forward, backward and the optimizer step of exactly that batch; the
-collator's own timing covers batch building, which the Trainer does before `on_step_begin`.
+collator's own timing covers batch building, which the Trainer does before `on_step_begin`. `anatomy.StepProfiler`
+profiles one step (the time anatomy); with `turns` (timing.Turns) the burst takes turns with other bursts' threads
+at every step end.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from . import memory_estimate, memory_measure
+from .anatomy import PROFILED_STEP, StepProfiler
 from .collators import BatchStats, CollatorSpec
 from .distributed import merge_ranks
 from .models import ModelSource
 from .results import Result
+from .timing import Turns, TurnTaking
 from .trainers import build_trainer, make_optimizer
+from .work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
 
@@ -152,13 +157,14 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
 
 
 def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecorder, memory_recorder: MemoryRecorder,
-                     spec: CollatorSpec, attention: str, settings: BurstSettings) -> Result:
+                     profiler: StepProfiler, spec: CollatorSpec, attention: str, settings: BurstSettings) -> Result:
     """Trains, then turns what the callbacks recorded into this rank's `Result`."""
     trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
     trainer.train()
     memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0], spec,
                                                        attention, settings)
     steps_done = len(recorder.step_times_s)
+    work = WorkModel.of(trainer.model)
     return Result(
         collator=spec.name,
         attention=attention,
@@ -175,6 +181,9 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         memory=memory_report,
         partial=recorder.stopped_early,
         world_size=trainer.args.world_size,
+        step_work_flops=[step_flops(work, b.lengths, spec.layout, attention) for b in recorder.batches],
+        profiled_step=PROFILED_STEP if profiler.anatomy is not None else None,
+        time_anatomy=profiler.anatomy,
     )
 
 
@@ -204,8 +213,11 @@ def release_memory() -> None:
 
 def run_burst(source: ModelSource, examples: list[list[int]], spec: CollatorSpec, attention: str,
               settings: BurstSettings, progress: ProgressFn | None = None,
-              stop_event: threading.Event | None = None) -> Result:
-    """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names."""
+              stop_event: threading.Event | None = None, turns: Turns | None = None) -> Result:
+    """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names.
+
+    With `turns`, the caller holds this burst's turn when it calls, and the burst hands it on at every step end.
+    """
     model = source.build(attention, torch.float32, seed=settings.seed)
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
@@ -215,9 +227,16 @@ def run_burst(source: ModelSource, examples: list[list[int]], spec: CollatorSpec
         trainer, collator = build_trainer(spec, model, source.tokenizer, examples, settings, output_dir, optimizer)
         recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
         memory_recorder = MemoryRecorder(model, settings.device)
-        trainer.add_callback(recorder)
-        trainer.add_callback(memory_recorder)
-        result = train_and_record(trainer, source, recorder, memory_recorder, spec, attention, settings)
-    del trainer, model, optimizer, memory_recorder
+        profiler = StepProfiler(model, settings.device)
+        # Order matters: every measurement of a step closes before the turn is handed on, and the profiled window
+        # opens only once the turn is back (see StepProfiler).
+        for callback in (recorder, memory_recorder, profiler.closer,
+                         *([TurnTaking(turns, spec.name)] if turns is not None else []), profiler.opener):
+            trainer.add_callback(callback)
+        try:
+            result = train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
+        finally:
+            profiler.abandon()
+    del trainer, model, optimizer, memory_recorder, profiler
     release_memory()
     return merge_ranks(result)

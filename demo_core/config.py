@@ -105,6 +105,7 @@ class RunConfig:
     learning_rate: float = 1e-3
     device: str = "auto"
     gradient_checkpointing: bool = False
+    threads: int | None = None  # CPU threads for training; None: 1 on a CPU (see engine.resolve_threads)
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field."""
@@ -115,6 +116,7 @@ class RunConfig:
         seed = as_int("seed", self.seed)
         max_length = as_int("max length", self.max_length)
         learning_rate = as_float("learning rate", self.learning_rate)
+        threads = None if self.threads is None else as_int("threads", self.threads)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DemoInputError("choose a model: a preset name, a hub id or a local folder")
         if not isinstance(self.dataset, str) or not self.dataset.strip():
@@ -129,6 +131,8 @@ class RunConfig:
             raise DemoInputError(f"max length must be between 2 and {limits.max_length}, got {max_length}")
         if seed < 0:
             raise DemoInputError(f"seed must be 0 or more, got {seed}")
+        if threads is not None and not 1 <= threads <= (os.cpu_count() or 1):
+            raise DemoInputError(f"threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
         if not learning_rate > 0:
             raise DemoInputError(f"learning rate must be positive, got {learning_rate}")
         for field, allowed in (
@@ -150,6 +154,7 @@ class RunConfig:
             seed=seed,
             max_length=max_length,
             learning_rate=learning_rate,
+            threads=threads,
         )
 
     def to_dict(self) -> dict:

@@ -53,7 +53,8 @@ def merge_ranks(result: Result) -> Result:
 
     Per step: the loss is the mean over ranks, because with `average_tokens_across_devices` each rank's loss is its
     summed token loss / the global token count x world size, so the mean is the loss of the global batch; tokens,
-    slots and examples add up; the step lasts as long as the slowest rank, whose gradients DDP's all-reduce waits for.
+    slots, examples and work (FLOPs) add up; the step lasts as long as the slowest rank, whose gradients DDP's
+    all-reduce waits for. The time anatomy stays this rank's own.
     """
     ranks = gather(result)
 
@@ -68,6 +69,7 @@ def merge_ranks(result: Result) -> Result:
         step_padded_slots=per_step("step_padded_slots", sum),
         step_examples=per_step("step_examples", sum),
         step_collate_s=per_step("step_collate_s", max),
+        step_work_flops=per_step("step_work_flops", sum),
         peak_memory_bytes=max((r.peak_memory_bytes for r in ranks if r.peak_memory_bytes is not None), default=None),
         partial=any(r.partial for r in ranks),
         world_size=len(ranks),

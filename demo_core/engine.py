@@ -20,6 +20,7 @@ import torch
 import transformers
 
 from . import data, distributed
+from .anatomy import PROFILED_STEP, initialize_profiler
 from .attention import capability
 from .burst import BurstSettings, ProgressFn, release_memory, run_burst
 from .collators import CollatorSpec, collator_spec
@@ -29,6 +30,7 @@ from .errors import DemoInputError
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
 from .preflight import exact_attention
 from .results import Comparison, Result
+from .timing import Turns, timed_step_indices, torch_threads
 from .trainers import training_dataset
 
 
@@ -49,6 +51,17 @@ def resolve_precision(requested: str, device: str) -> str:
     return requested
 
 
+def resolve_threads(requested: int | None, device: str) -> int | None:
+    """None: 1 thread on a CPU, torch's own choice on a GPU (its host threads only launch kernels).
+
+    One thread, because CPUs are often shared (a Space, CI, a laptop): with two, every parallel operator waits at
+    its barrier for a thread the OS gave to other work. Measured with one other process spinning on a shared
+    2-core machine (benchmarks/speedup_stability.py, docs/RESULTS.md): three default runs gave flatten 2.02x /
+    2.73x / 1.87x with torch's 2 threads, and 2.30x / 2.11x / 2.05x with one, minutes apart.
+    """
+    return 1 if requested is None and device == "cpu" else requested
+
+
 def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) -> list[tuple[int, int]]:
     """(real tokens, padded slots) per step for padding to the batch's longest, batching as the Trainer does:
     in order, epoch after epoch, the last batch of an epoch holding what is left (no wrap-around into the next)."""
@@ -61,13 +74,16 @@ def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) ->
     return costs
 
 
-def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1) -> float:
-    """Padded slots / real tokens over the timed steps: the speedup if step time were proportional to slots.
+def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1,
+                  profiled_step: int | None = PROFILED_STEP) -> float:
+    """Padded slots / real tokens over the timed steps (all steps when none is timed): the speedup if step time
+    were proportional to slots.
 
     Under DDP each rank pads only its own batch_size / world_size examples (consecutive shares of the global batch).
     """
     costs = padded_step_costs(examples, batch_size // world_size, steps * world_size)
-    timed = costs[world_size:] if steps > 1 else costs
+    timed = [costs[index * world_size + rank] for index in timed_step_indices(steps, profiled_step)
+             for rank in range(world_size)] or costs
     return sum(slots for _, slots in timed) / sum(real for real, _ in timed)
 
 
@@ -81,6 +97,7 @@ class Prepared:
     device: str
     precision: str
     attention: str
+    threads: int | None
 
     @property
     def specs(self) -> list[CollatorSpec]:
@@ -106,7 +123,7 @@ class Prepared:
         """The run's document so far: partial while a collator is missing or was stopped mid-burst."""
         return Comparison(
             config={**self.config.to_dict(), "resolved_attention": self.attention, "resolved_device": self.device,
-                    "resolved_precision": self.precision},
+                    "resolved_precision": self.precision, "resolved_threads": self.threads},
             dataset_stats=self.dataset.stats_dict(),
             results=list(results),
             ideal_speedup=self.ideal_speedup,
@@ -141,7 +158,7 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     if config.batch_size > len(dataset.examples):
         dataset.notes.append(f"batch size {config.batch_size} is more than the {len(dataset.examples)} examples: "
                              f"every step trains on all {len(dataset.examples)}")
-    return Prepared(config, source, dataset, device, precision, attention)
+    return Prepared(config, source, dataset, device, precision, attention, resolve_threads(config.threads, device))
 
 
 def _prepared(run: RunConfig | Prepared, limits: Limits | None) -> Prepared:
@@ -206,10 +223,12 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
 
 
 def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: BurstSettings,
-                              progress: ProgressFn | None, stop_event: threading.Event | None) -> Result:
+                              progress: ProgressFn | None, stop_event: threading.Event | None,
+                              turns: Turns | None = None) -> Result:
     """A burst that runs out of GPU memory becomes a user message; the memory is released for the next run."""
     try:
-        return run_burst(prepared.source, prepared.examples, spec, prepared.attention, settings, progress, stop_event)
+        return run_burst(prepared.source, prepared.examples, spec, prepared.attention, settings, progress, stop_event,
+                         turns)
     except torch.OutOfMemoryError:
         pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
     release_memory()
@@ -222,24 +241,74 @@ def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: 
 def run_comparison(run: RunConfig | Prepared, limits: Limits | None = None, progress: ProgressFn | None = None,
                    stop_event: threading.Event | None = None,
                    on_result: Callable[[Result], None] | None = None) -> Comparison:
-    """Runs every requested collator and returns the comparison; `on_result` sees each result as it finishes."""
+    """Runs every requested collator and returns the comparison; `on_result` sees each result as it finishes
+    (on a CPU, where the bursts alternate step by step, they all finish together)."""
+    initialize_profiler()  # from the caller's thread, before any burst profiles in its own
+    prepared = _prepared(run, limits)
     try:
-        return _run_comparison(_prepared(run, limits), progress, stop_event, on_result)
+        with torch_threads(prepared.threads):
+            return _run_comparison(prepared, progress, stop_event, on_result)
     finally:
         release_memory()  # after a failed or stopped run too
+
+
+def _sequential_bursts(prepared: Prepared, settings: BurstSettings, progress: ProgressFn | None,
+                       stop_event: threading.Event | None, on_result: Callable[[Result], None] | None) -> list[Result]:
+    results: list[Result] = []
+    for spec in prepared.specs:
+        if stop_event is not None and stop_event.is_set():
+            break
+        results.append(_run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event))
+        if on_result is not None:
+            on_result(results[-1])
+    return results
+
+
+def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: ProgressFn | None,
+                        stop_event: threading.Event | None, on_result: Callable[[Result], None] | None) -> list[Result]:
+    """Every collator's burst in its own thread, taking turns step by step (timing.Turns): their timed steps run
+    ABAB..., so all see the same machine load, and only the thread holding the turn computes.
+
+    A burst that fails aborts the others at their next step end; its error is raised once all have left. The
+    DDP collectives (the per-step all-reduces, merge_ranks) stay in one order on every rank: every rank passes the
+    turn in the same collator order after the same steps.
+    """
+    specs = prepared.specs
+    turns = Turns([spec.name for spec in specs])
+    outcomes: dict[str, Result | BaseException] = {}
+
+    def burst(spec: CollatorSpec) -> None:
+        turns.wait_for_turn(spec.name)
+        try:
+            outcomes[spec.name] = _run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event, turns)
+        except BaseException as error:  # handed to the caller's thread below
+            outcomes[spec.name] = error
+            turns.abort()
+        finally:
+            turns.leave(spec.name)
+
+    threads = [threading.Thread(target=burst, args=(spec,), name=f"packing-lab-{spec.name}") for spec in specs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    errors = [outcome for outcome in outcomes.values() if isinstance(outcome, BaseException)]
+    if errors:
+        raise errors[0]
+    results = [outcomes[spec.name] for spec in specs]
+    for result in results if on_result is not None else []:
+        on_result(result)
+    return results
 
 
 def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event: threading.Event | None,
                     on_result: Callable[[Result], None] | None) -> Comparison:
     settings = prepared.burst_settings()
-    results: list[Result] = []
-    for spec in prepared.specs:
-        if stop_event is not None and stop_event.is_set():
-            break
-        result = _run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event)
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+    # On a CPU the bursts alternate: a CPU is often shared (a Space, a laptop, CI), and collators run minutes apart
+    # would see different loads. On a GPU they run one after the other: a GPU is dedicated, and its peak memory per
+    # phase (max_memory_allocated) would otherwise include the other collators' resident models and optimizer state.
+    bursts = _alternating_bursts if prepared.device == "cpu" and len(prepared.specs) > 1 else _sequential_bursts
+    results = bursts(prepared, settings, progress, stop_event, on_result)
     # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a stopped run
     # skips it, so that Stop ends the run promptly.
     stopped = stop_event is not None and stop_event.is_set()

@@ -6,6 +6,7 @@ closed, which leaks in a long-running server and is not thread-safe. A Figure ma
 - `batch_figure(preview)`: the first batch as each collator builds it, and the attention mask each path computes.
 - `lengths_figure(preview)`: the dataset's length histogram with its statistics.
 - `throughput_figure(document)`, `loss_figure(document)`, `memory_figure(document)`: the results of a run.
+- `anatomy_figure(document)`: where one profiled step's time went, per collator, by phase and by operation.
 """
 
 from __future__ import annotations
@@ -351,6 +352,8 @@ def _collator_ticks(axes, positions: list[float], labels: list[str]) -> None:
 
 
 def throughput_figure(document: dict) -> Figure:
+    """Median real tokens/s per collator with the middle half of its steps as a whisker; the slots ideal as a line
+    and each collator's work ideal as a short dotted mark over its bar."""
     results = document["results"]
     if not results:
         return _text_figure("No collator has finished yet.")
@@ -358,29 +361,42 @@ def throughput_figure(document: dict) -> Figure:
     figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     names = [result["collator"] for result in results]
-    rates = [result["tokens_per_s"] for result in results]
+    rates = [result["tokens_per_s"] or 0.0 for result in results]  # None: no timed step yet
+    ranges = [result.get("tokens_per_s_range") or [rate, rate] for result, rate in zip(results, rates)]
     bars = axes.bar(range(len(results)), rates, color=[collator_spec(n).color for n in names],
-                    hatch=["//" if r.get("partial") else "" for r in results], edgecolor="white")
-    for bar, result in zip(bars, results):
+                    hatch=["//" if r.get("partial") else "" for r in results], edgecolor="white",
+                    yerr=np.array([[rate - low for rate, (low, _) in zip(rates, ranges)],
+                                   [high - rate for rate, (_, high) in zip(rates, ranges)]]), ecolor="#555555",
+                    capsize=4)
+    padded = next((r for r in results if r["collator"] == BASELINE and r["tokens_per_s"]), None)
+    for bar, result, (_, high) in zip(bars, results, ranges):
         entry = comparison[result["collator"]]
-        speedup = entry["speedup_vs_padded"]
-        text = f"{result['tokens_per_s']:,.0f} tok/s" if speedup is None else f"{speedup:.2f}×"
-        axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 1.01, text, ha="center", va="bottom",
-                  fontsize=11, fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
-        axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2,
-                  f"{result['samples_per_s']:.1f}\nsamples/s", ha="center", va="center", fontsize=8, color="white")
-    padded = next((r for r in results if r["collator"] == BASELINE), None)
+        speedup, center = entry["speedup_vs_padded"], bar.get_x() + bar.get_width() / 2
+        text = ("no timed step" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:,.0f} tok/s"
+                if speedup is None else f"{speedup:.2f}×") + (" ⚠" if entry.get("flags") else "")
+        axes.text(center, high * 1.01, text, ha="center", va="bottom", fontsize=11, fontweight="bold",
+                  bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+        if result["samples_per_s"] is not None:
+            axes.text(center, bar.get_height() / 2, f"{result['samples_per_s']:.1f}\nsamples/s", ha="center",
+                      va="center", fontsize=8, color="white")
+        work = entry.get("work_ideal_speedup")
+        if padded is not None and work is not None and result is not padded:
+            axes.hlines(padded["tokens_per_s"] * work, bar.get_x(), bar.get_x() + bar.get_width(), colors="black",
+                        linestyles=":", linewidth=2)
+            axes.text(bar.get_x() + bar.get_width(), padded["tokens_per_s"] * work, f"work ideal {work:.2f}× ",
+                      ha="right", va="top", fontsize=7, color="white")
+    top = max(high for _, high in ranges) or 1.0
     if padded is not None:
         ideal = padded["tokens_per_s"] * document["ideal_speedup"]
         axes.axhline(ideal, color="black", linestyle="--", linewidth=1)
         axes.text(-0.4, ideal, f"ideal {document['ideal_speedup']:.2f}× = padded × slots / real tokens",
                   va="bottom", fontsize=8)
-        axes.set_ylim(0, max(max(rates), ideal) * 1.18)
-    else:
-        axes.set_ylim(0, max(rates) * 1.18)
+        top = max(top, ideal)
+    axes.set_ylim(0, top * 1.18)
     _collator_ticks(axes, list(range(len(results))), [_result_label(r) for r in results])
     axes.set_ylabel("real tokens per second (padding not counted)")
-    axes.set_title("Throughput on the same examples, same steps\n(bar label: speedup over padded)", fontsize=10)
+    axes.set_title("Throughput on the same examples, same steps (trimmed mean of timed steps)\n(whisker: middle half of "
+                   "steps; bar label: speedup over padded; ⚠: see the flags)", fontsize=10)
     return figure
 
 
@@ -453,4 +469,40 @@ def memory_figure(document: dict) -> Figure:
     axes.set_title(f"Memory at the peak of a training step, per category\n"
                    f"(left, hatched: estimate; right, solid: measured){note}", fontsize=9.5)
     axes.set_ylim(0, axes.get_ylim()[1] * 1.45)  # room for the legend above the tallest bar
+    return figure
+
+
+# Phases and operation classes of the time anatomy (anatomy.py), in stacking order, with their colours.
+PHASE_COLORS = {"forward": "#4e79a7", "backward": "#f28e2b", "optimizer": "#e15759", "data": "#76b7b2",
+                "other": "#bab0ac"}
+OP_COLORS = {"matmul": "#4e79a7", "normalization": "#59a14f", "elementwise": "#edc948", "attention": "#b07aa1",
+             "optimizer": "#e15759", "data": "#76b7b2", "other": "#bab0ac"}
+
+
+def anatomy_figure(document: dict) -> Figure:
+    """Stacked bars of one profiled step per collator: by phase (with backward / forward) and by operation class."""
+    profiled = [result for result in document["results"] if result.get("time_anatomy")]
+    if not profiled:
+        return _text_figure("Time anatomy: no step was profiled yet\n(step 2 of each burst is the profiled one).",
+                            6.5, 4.6)
+    figure = Figure(figsize=(9.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    for axes, part, colors in zip(figure.subplots(1, 2, sharey=True), ("phases", "ops"), (PHASE_COLORS, OP_COLORS)):
+        for position, result in enumerate(profiled):
+            anatomy, bottom = result["time_anatomy"], 0.0
+            for name, color in colors.items():
+                milliseconds = anatomy[part][name] * 1000
+                axes.bar(position, milliseconds, bottom=bottom, color=color, edgecolor="white", linewidth=0.5,
+                         label=name if position == 0 else None)
+                bottom += milliseconds
+            phases = anatomy["phases"]
+            label = (f"bwd/fwd {phases['backward'] / phases['forward']:.1f}×" if part == "phases" and phases["forward"]
+                     else f"{anatomy['step_s'] * 1000:.0f} ms")
+            axes.text(position, bottom, label, ha="center", va="bottom", fontsize=8)
+        axes.set_xticks(range(len(profiled)), [_result_label(r) for r in profiled])
+        axes.legend(fontsize=7, loc="upper right")
+        axes.set_title("by phase" if part == "phases" else "by operation", fontsize=10)
+    figure.axes[0].set_ylabel("ms in the profiled step (step 2)")
+    figure.axes[0].set_ylim(0, figure.axes[0].get_ylim()[1] * 1.3)  # room for the legend above the tallest bar
+    figure.suptitle("Where one training step's time goes (torch.profiler; the profiler slows the step, compare shares)",
+                    fontsize=10)
     return figure

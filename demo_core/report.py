@@ -1,7 +1,9 @@
 """Presentation of a run document, shared by the CLI and the page, so both show the same numbers the same way.
 
 - `RESULT_COLUMNS`: one column per number of the results table (page table, CSV and the CLI's table);
-- `headline`: one sentence per packing collator (speedup and whether the loss stayed the same);
+- `headline`: one sentence per packing collator (speedup against both ideals, the loss, the flags in words);
+- `FLAG_WORDS`: what each comparison flag means, for the page's table, the headline and the CLI;
+- `anatomy_table` / `anatomy_markdown`: where a profiled step's time went, and why the speedup misses its ideal;
 - `run_summary`: one saved run in a line (the page's history table and the `/history` API);
 - `cost_markdown`: the before-training cost table of a preview;
 - `format_report`: the CLI's printed report.
@@ -15,6 +17,7 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
+from .anatomy import OP_CLASSES, PHASES
 from .collators import BASELINE, collator_spec
 
 
@@ -41,19 +44,39 @@ class Column:
         return self.fmt(value) if callable(self.fmt) else self.fmt.format(value)
 
 
+# What each comparison flag (results.compare) means, in words.
+FLAG_WORDS = {
+    "few-timed-steps": "fewer than 3 timed steps (step 1 is warm-up, step 2 is profiled): no speedup; run more steps",
+    "above-ideal": "more than 10% above every ideal: more likely other work slowed the padded steps than a real gain",
+    "noisy": "the steps disagree (range wider than 25% of the speedup): other work on the machine; run again",
+    "other-batches": "other batches than padded (packed rows or length grouping): not a like-for-like comparison",
+    "slow-precision": "bf16/fp16 on a CPU: without fast half-precision matmuls autocast only adds casts; use fp32",
+}
+
+
+def flags_in_words(entry: dict) -> list[str]:
+    return [FLAG_WORDS[flag] for flag in entry.get("flags", [])]
+
+
 RESULT_COLUMNS = (
     Column("collator", lambda r, c: r["collator"] + (" (partial)" if r["partial"] else ""), "{}"),
     Column("attention", lambda r, c: r["attention"], "{}", in_terminal=False),
     Column("steps", lambda r, c: r["steps"], "{}"),
+    Column("timed steps", lambda r, c: r.get("timed_steps"), "{}"),
     Column("pad fraction", lambda r, c: r["pad_fraction"], "{:.1%}"),
     Column("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),
     Column("samples/s", lambda r, c: r["samples_per_s"], "{:.1f}"),
-    Column("median step ms", lambda r, c: r["step_time_median_s"] * 1000, "{:.0f}"),
+    Column("median step ms", lambda r, c: None if r["step_time_median_s"] is None else r["step_time_median_s"] * 1000,
+           "{:.0f}"),
     Column("speedup vs padded", lambda r, c: c["speedup_vs_padded"], "{:.2f}×"),
+    Column("speedup range", lambda r, c: c.get("speedup_range"), "{0[0]:.2f}–{0[1]:.2f}×"),
     Column("ideal speedup", lambda r, c: c["ideal_speedup"], "{:.2f}×"),
+    Column("work ideal", lambda r, c: c.get("work_ideal_speedup"), "{:.2f}×"),
     Column("max |Δloss| vs padded", lambda r, c: c["max_abs_loss_diff_vs_padded"], "{:.1e}"),
     Column("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
     Column("peak memory", lambda r, c: r["peak_memory_bytes"], human_bytes, csv_header="peak memory bytes"),
+    # Short keys in the terminal's table (the words follow it), the words on the page and in the CSV.
+    Column("flags", lambda r, c: "; ".join(flags_in_words(c)) or None, "{}", in_terminal=False),
 )
 RESULT_HEADERS = [column.header for column in RESULT_COLUMNS]
 CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", "naive-concat max |Δlogit| vs alone"]
@@ -88,17 +111,29 @@ def best_speedup(document: dict) -> float | None:
     return max(speedups) if speedups else None
 
 
+def _speedup_sentence(entry: dict) -> str:
+    low, high = entry["speedup_range"]
+    work = entry.get("work_ideal_speedup")
+    work_text = "" if work is None else f", {work:.2f}× by work (attention per example does not shrink)"
+    return (f"{entry['speedup_vs_padded']:.2f}× the padded throughput (middle half of steps {low:.2f}–{high:.2f}×) "
+            f"of an ideal {entry['ideal_speedup']:.2f}× by slots{work_text}")
+
+
 def headline(document: dict, seconds: float | None = None) -> str:
-    """One sentence per compared collator: the speedup and whether the loss stayed the same (markdown)."""
+    """One sentence per compared collator: the speedup against both ideals, the loss, and its flags (markdown)."""
     lines = []
     for result, entry in _rows(document):
-        if result["collator"] == BASELINE or entry["speedup_vs_padded"] is None:
+        if result["collator"] == BASELINE:
+            continue
+        if entry["speedup_vs_padded"] is None:
+            if entry.get("flags"):  # e.g. too few timed steps: say why there is no number
+                lines.append(f"**{result['collator']}**: no speedup. ⚠ " + "; ".join(flags_in_words(entry)))
             continue
         difference = entry["max_abs_loss_diff_vs_padded"]
         loss = ("loss identical to padded" if difference is not None and difference < 1e-4
                 else f"loss differs from padded by up to {difference:.2f}")
-        lines.append(f"**{result['collator']}**: {entry['speedup_vs_padded']:.2f}× the padded throughput "
-                     f"(ideal {entry['ideal_speedup']:.2f}×), {loss}")
+        warning = "".join(f" ⚠ {words}." for words in flags_in_words(entry))
+        lines.append(f"**{result['collator']}**: {_speedup_sentence(entry)}, {loss}.{warning}")
     selected = document["config"].get("collators", [])
     finished = [result["collator"] for result in document["results"]]
     if not lines and document.get("partial"):
@@ -111,6 +146,73 @@ def headline(document: dict, seconds: float | None = None) -> str:
     status = "Stopped: partial results" if document.get("partial") else "Done"
     timing = f" in {seconds:.1f} s" if seconds is not None else ""
     return f"### {status}{timing}\n" + "\n".join(f"- {line}" for line in lines)
+
+
+# ---- time anatomy -----------------------------------------------------------------------------------------------
+
+# Operation classes whose time grows with the token slots a step computes (padding included), and the rest: per
+# example attention (varlen / flash skip padding in the padded baseline too), the optimizer, data, Python overhead.
+SCALES_WITH_SLOTS = ("matmul", "normalization", "elementwise")
+DOES_NOT_SCALE = ("attention", "optimizer", "data", "other")
+
+
+def backward_over_forward(anatomy: dict) -> float | None:
+    forward = anatomy["phases"]["forward"]
+    return anatomy["phases"]["backward"] / forward if forward else None
+
+
+def anatomy_rows(document: dict, part: str) -> list[list[str]]:
+    """A header and one row per profiled collator: `part` "phases" or "ops", in ms, with backward / forward."""
+    names = PHASES if part == "phases" else OP_CLASSES
+    rows = [["collator", "profiled step ms", *names, "backward / forward"]]
+    for result in document["results"]:
+        anatomy = result.get("time_anatomy")
+        if anatomy:
+            ratio = backward_over_forward(anatomy)
+            rows.append([result["collator"], f"{anatomy['step_s'] * 1000:.0f}",
+                         *(f"{anatomy[part][name] * 1000:.0f}" for name in names),
+                         "–" if ratio is None else f"{ratio:.2f}"])
+    return rows
+
+
+def _gap_sentence(padded: dict, result: dict) -> str:
+    """Why `result` missed the ideal on the profiled step: what shrank with packing, what did not."""
+    before, after = padded["time_anatomy"], result["time_anatomy"]
+    index = padded["profiled_step"] - 1
+    batch_ideal = padded["step_padded_slots"][index] / padded["step_real_tokens"][index]
+
+    def part(anatomy: dict, classes: tuple[str, ...]) -> float:
+        return sum(anatomy["ops"][name] for name in classes)
+
+    scaling_share = part(before, SCALES_WITH_SLOTS) / before["step_s"]
+    scaling_gain = part(before, SCALES_WITH_SLOTS) / max(part(after, SCALES_WITH_SLOTS), 1e-9)
+    fixed_gain = part(before, DOES_NOT_SCALE) / max(part(after, DOES_NOT_SCALE), 1e-9)
+    return (f"**{result['collator']}** on profiled step {padded['profiled_step']} (slots ideal for that batch "
+            f"{batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was matmul, normalization and element-wise "
+            f"work, which scales with padded slots; it ran {scaling_gain:.2f}× faster. The other "
+            f"{1 - scaling_share:.0%} (attention per example, optimizer, data, Python between operators) does not "
+            f"scale with padding; it ran {fixed_gain:.2f}× faster. The step: "
+            f"{before['step_s'] / after['step_s']:.2f}× faster.")
+
+
+def anatomy_markdown(document: dict) -> str:
+    """The page's words under the anatomy figure: backward / forward, and the gap to the ideal explained."""
+    profiled = [r for r in document["results"] if r.get("time_anatomy")]
+    if not profiled:
+        return "*No step was profiled: the anatomy needs at least 2 steps (step 2 is the profiled one).*"
+    ratios = ", ".join(f"{r['collator']} {backward_over_forward(r['time_anatomy']):.2f}×" for r in profiled)
+    lines = [f"Backward / forward time: {ratios} (the model training anatomy: backward ≈ 2× forward, two matmuls "
+             "per forward one). Step 2 of each burst, profiled with torch.profiler, so left out of the throughput; "
+             "the profiler slows it, so compare shares, not seconds."]
+    return "\n\n".join(lines + _gap_sentences(document))
+
+
+def _gap_sentences(document: dict) -> list[str]:
+    """One per profiled collator that trained padded's batches (only then is its profiled step the same batch)."""
+    profiled = [r for r in document["results"] if r.get("time_anatomy")]
+    padded = next((r for r in profiled if r["collator"] == BASELINE), None)
+    return [_gap_sentence(padded, result) for result in profiled if padded is not None and result is not padded
+            and collator_spec(result["collator"]).same_batches_as_padded]
 
 
 # ---- saved runs -------------------------------------------------------------------------------------------------
@@ -186,6 +288,14 @@ def format_report(document: dict) -> str:
     rows = [[column.header for column in columns]]
     rows += [[column.show(result, entry) for column in columns] for result, entry in _rows(document)]
     lines.append(text_table(rows))
+    lines += [f"  {result['collator']}: {words}" for result, entry in _rows(document) for words in flags_in_words(entry)]
+    for part in ("phases", "ops"):
+        anatomy = anatomy_rows(document, part)
+        if len(anatomy) > 1:
+            lines += ["", f"time anatomy of one profiled step, by {'phase' if part == 'phases' else 'operation'} (ms)",
+                      text_table(anatomy)]
+    gaps = _gap_sentences(document)
+    lines += ["", *(gap.replace("**", "") for gap in gaps)] if gaps else []
     world_size = document["environment"].get("world_size", 1)
     if world_size > 1:
         lines.append(f"{world_size} processes (DDP), {config['batch_size'] // world_size} examples each per step: "

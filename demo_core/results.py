@@ -1,23 +1,27 @@
 """Result and Comparison: what a run returns and its JSON form (the document the CLI writes and the API returns).
 
-JSON document: `config`, `dataset_stats`, `results` (one per collator), `comparison` (per collator: speedup vs
-padded, ideal speedup, loss difference vs padded), plus `contamination` and `environment`.
+JSON document: `config`, `dataset_stats`, `results` (one per collator: per-step series, robust throughput over the
+timed steps, the profiled step's `time_anatomy`), `comparison` (per collator: speedup vs padded with its range,
+the slots and work ideals, loss difference vs padded, `flags`), plus `contamination` and `environment`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 from pathlib import Path
 
 from .collators import BASELINE, collator_spec
+from .timing import MIN_TIMED_STEPS, log_half_spread, robust_summary, timed_step_indices
 
 
 @dataclasses.dataclass
 class Result:
-    """One collator's burst. Throughput leaves out step 1 (warm-up: allocator, kernel selection, lazy init)."""
+    """One collator's burst. Throughput counts timed steps only: not step 1 (warm-up: allocator, kernel selection,
+    lazy init) and not the profiled step (the profiler slows it; see anatomy.py)."""
 
     collator: str
     attention: str
@@ -37,9 +41,20 @@ class Result:
     # Under DDP (see distributed.merge_ranks) the step_* lists are the whole group's; these keep each rank's share.
     rank_step_real_tokens: list[list[int]] = dataclasses.field(default_factory=list)
     rank_peak_memory_bytes: list[int | None] = dataclasses.field(default_factory=list)
+    step_work_flops: list[float] = dataclasses.field(default_factory=list)  # work.step_flops of each step's batch
+    profiled_step: int | None = None  # 1-based; its time anatomy is `time_anatomy`
+    time_anatomy: dict | None = None
+
+    @property
+    def timed_step_indices(self) -> list[int]:
+        return timed_step_indices(len(self.step_times_s), self.profiled_step)
 
     def _timed(self, values: list) -> list:
-        return values[1:] if len(values) > 1 else values
+        return [values[i] for i in self.timed_step_indices]
+
+    @property
+    def timed_steps(self) -> int:
+        return len(self.timed_step_indices)
 
     @property
     def real_tokens(self) -> int:
@@ -54,55 +69,138 @@ class Result:
         return 1.0 - self.real_tokens / self.padded_slots if self.padded_slots else 0.0
 
     @property
-    def tokens_per_s(self) -> float:
-        return sum(self._timed(self.step_real_tokens)) / sum(self._timed(self.step_times_s))
+    def seconds_per_slot(self) -> tuple[float, float, float] | None:
+        """(lower quartile, trimmed mean, upper quartile) over the timed steps of step time / token slots computed,
+        each step weighted by its slots: time per unit of work, so steps of different sizes compare; without the
+        trimming it would be total time / total slots, and the trimming drops a step other work slowed down."""
+        if not self.timed_steps:
+            return None
+        slots = self._timed(self.step_padded_slots)
+        return robust_summary([time_s / count for time_s, count in zip(self._timed(self.step_times_s), slots)], slots)
 
     @property
-    def tokens_per_s_per_device(self) -> list[float]:
-        """Each rank's real tokens over the group's step time; they add up to `tokens_per_s`, the aggregate."""
+    def log_spread(self) -> float | None:
+        """The trimmed time per slot x exp(±this) spans the middle half of the timed steps' slots."""
+        summary = self.seconds_per_slot
+        return None if summary is None else log_half_spread(summary[0], summary[2])
+
+    @property
+    def real_fraction(self) -> float:
+        """Real tokens per computed slot over the timed steps."""
+        return sum(self._timed(self.step_real_tokens)) / sum(self._timed(self.step_padded_slots))
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Real tokens per second at the trimmed time per slot (None without timed steps)."""
+        quarters = self.seconds_per_slot
+        return None if quarters is None else self.real_fraction / quarters[1]
+
+    @property
+    def tokens_per_s_range(self) -> list[float] | None:
+        """[low, high]: tokens/s at the upper and lower quartile of the time per slot (the middle half of steps)."""
+        quarters = self.seconds_per_slot
+        return None if quarters is None else [self.real_fraction / quarters[2], self.real_fraction / quarters[0]]
+
+    @property
+    def tokens_per_s_per_device(self) -> list[float] | None:
+        """Each rank's share of `tokens_per_s` (by its real tokens); they add up to the aggregate."""
+        if self.tokens_per_s is None:
+            return None
+        total = sum(self._timed(self.step_real_tokens))
         ranks = self.rank_step_real_tokens or [self.step_real_tokens]
-        return [sum(self._timed(tokens)) / sum(self._timed(self.step_times_s)) for tokens in ranks]
+        return [self.tokens_per_s * sum(self._timed(tokens)) / total for tokens in ranks]
 
     @property
-    def samples_per_s(self) -> float:
-        return sum(self._timed(self.step_examples)) / sum(self._timed(self.step_times_s))
+    def samples_per_s(self) -> float | None:
+        if self.tokens_per_s is None:
+            return None
+        return self.tokens_per_s * sum(self._timed(self.step_examples)) / sum(self._timed(self.step_real_tokens))
 
     @property
-    def step_time_median_s(self) -> float:
-        return statistics.median(self._timed(self.step_times_s))
+    def step_time_median_s(self) -> float | None:
+        return statistics.median(self._timed(self.step_times_s)) if self.timed_steps else None
 
     @property
-    def collate_time_share(self) -> float:
+    def collate_time_share(self) -> float | None:
         """Collating happens outside the timed step, so its share is collate / (collate + step)."""
+        if not self.timed_steps:
+            return None
         collate = sum(self._timed(self.step_collate_s))
         return collate / (collate + sum(self._timed(self.step_times_s)))
 
+    @property
+    def work_per_real_token(self) -> float | None:
+        """FLOPs (work.step_flops) per real token over the timed steps."""
+        if not self.timed_steps or not self.step_work_flops:
+            return None
+        return sum(self._timed(self.step_work_flops)) / sum(self._timed(self.step_real_tokens))
+
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        for name in ("real_tokens", "padded_slots", "pad_fraction", "tokens_per_s", "tokens_per_s_per_device",
-                     "samples_per_s", "step_time_median_s", "collate_time_share"):
+        for name in ("real_tokens", "padded_slots", "pad_fraction", "timed_steps", "tokens_per_s",
+                     "tokens_per_s_range", "tokens_per_s_per_device", "samples_per_s", "step_time_median_s",
+                     "collate_time_share"):
             data[name] = getattr(self, name)
         return data
 
 
+# Flags a comparison entry can carry (report.FLAG_WORDS says each in words).
+ABOVE_IDEAL_TOLERANCE = 0.10  # a measured speedup this far above every ideal is more likely noise than packing
+NOISY_SPREAD = 0.25  # speedup_range wider than this share of the speedup: steps disagree
+SLOW_ON_CPU = ("bf16", "fp16")  # no fast half-precision matmuls on most CPUs: autocast adds casts and loses time
+
+
+def _speedup_and_range(result: Result, padded: Result) -> tuple[float, list[float]]:
+    """Ratio of the robust throughputs, and a range from both collators' step-to-step spreads combined."""
+    if result is padded:
+        return 1.0, [1.0, 1.0]
+    speedup = result.tokens_per_s / padded.tokens_per_s
+    spread = math.exp(math.hypot(result.log_spread, padded.log_spread))
+    return speedup, [speedup / spread, speedup * spread]
+
+
+def _flags(result: Result, padded: Result | None, entry: dict) -> list[str]:
+    flags = []
+    if result.timed_steps < MIN_TIMED_STEPS or (padded is not None and padded.timed_steps < MIN_TIMED_STEPS):
+        flags.append("few-timed-steps")
+    speedup, ideals = entry["speedup_vs_padded"], [entry["ideal_speedup"], entry["work_ideal_speedup"] or 0.0]
+    if speedup is not None and speedup > (1 + ABOVE_IDEAL_TOLERANCE) * max(ideals):
+        flags.append("above-ideal")
+    low_high = entry["speedup_range"]
+    if low_high is not None and (low_high[1] - low_high[0]) > NOISY_SPREAD * speedup:
+        flags.append("noisy")
+    if not collator_spec(result.collator).same_batches_as_padded:
+        flags.append("other-batches")
+    if result.device == "cpu" and result.precision in SLOW_ON_CPU:
+        flags.append("slow-precision")
+    return flags
+
+
 def compare(results: list[Result], ideal_speedup: float) -> dict:
-    """Per collator: measured speedup and loss difference against `padded`, and the ideal from the data."""
+    """Per collator against `padded`: measured speedup with its range, the slots and work ideals, the loss
+    difference, and `flags` that say when a number should not be taken at face value."""
     padded = next((r for r in results if r.collator == BASELINE), None)
     comparison = {}
     for result in results:
         padded_layout = collator_spec(result.collator).layout == "padded"
-        entry = {"ideal_speedup": 1.0 if padded_layout else ideal_speedup,
-                 "speedup_vs_padded": None, "ratio_to_ideal": None, "max_abs_loss_diff_vs_padded": None,
-                 "peak_memory_vs_padded": None}
+        entry = {"ideal_speedup": 1.0 if padded_layout else ideal_speedup, "work_ideal_speedup": None,
+                 "speedup_vs_padded": None, "speedup_range": None, "ratio_to_ideal": None,
+                 "ratio_to_work_ideal": None, "max_abs_loss_diff_vs_padded": None, "peak_memory_vs_padded": None}
         if padded is not None:
-            entry["speedup_vs_padded"] = result.tokens_per_s / padded.tokens_per_s
-            entry["ratio_to_ideal"] = entry["speedup_vs_padded"] / entry["ideal_speedup"]
+            if result.work_per_real_token and padded.work_per_real_token:
+                entry["work_ideal_speedup"] = padded.work_per_real_token / result.work_per_real_token
+            if min(result.timed_steps, padded.timed_steps) >= MIN_TIMED_STEPS:
+                entry["speedup_vs_padded"], entry["speedup_range"] = _speedup_and_range(result, padded)
+                entry["ratio_to_ideal"] = entry["speedup_vs_padded"] / entry["ideal_speedup"]
+                if entry["work_ideal_speedup"]:
+                    entry["ratio_to_work_ideal"] = entry["speedup_vs_padded"] / entry["work_ideal_speedup"]
             shared = min(len(result.losses), len(padded.losses))
             if shared:
                 entry["max_abs_loss_diff_vs_padded"] = max(
                     abs(a - b) for a, b in zip(result.losses[:shared], padded.losses[:shared]))
             if result.peak_memory_bytes and padded.peak_memory_bytes:
                 entry["peak_memory_vs_padded"] = result.peak_memory_bytes / padded.peak_memory_bytes - 1.0
+        entry["flags"] = _flags(result, padded, entry)
         comparison[result.collator] = entry
     return comparison
 

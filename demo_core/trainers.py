@@ -77,9 +77,13 @@ def training_dataset(examples: list[list[int]], spec: CollatorSpec, max_length: 
 
 
 def make_optimizer(model: torch.nn.Module, settings: BurstSettings):
-    """None lets Trainer build torch AdamW; SGD with momentum 0.9 is built here (Trainer's "sgd" has none)."""
+    """None lets Trainer build torch AdamW; SGD with momentum 0.9 is built here (Trainer's "sgd" has none).
+
+    Both fused: one kernel over all parameters instead of a Python loop of small ops per parameter, the same update.
+    A step's fixed cost, which packing cannot shrink: small-llama SGD 13 -> 8 ms per step on one CPU thread.
+    """
     if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
+        return torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9, fused=True)
     return None
 
 
@@ -92,7 +96,9 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
         learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",
         weight_decay=0.0,
-        optim="adamw_torch",
+        # Fused AdamW (torch >= 2.4 on CPU too): small-llama 23 -> 7 ms, tiny-llama 4.2 -> 1.5 ms per step on one
+        # CPU thread against torch's default per-parameter loop, which is what "adamw_torch" runs on a CPU.
+        optim="adamw_torch_fused",
         seed=settings.seed,
         # Pre-shuffled data read in order: every collator sees the same examples in the same order.
         train_sampling_strategy=sampler,

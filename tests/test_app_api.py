@@ -122,6 +122,18 @@ def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
     assert history_rows[0][-1] == "stopped (partial)"
 
 
+def test_page_progress_counts_every_collators_steps_as_they_take_turns(lab_app):
+    calls = []
+    run = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto", "adamw",
+                           0, 1024, request=types.SimpleNamespace(session_hash="progress-test"),
+                           progress=lambda fraction, desc=None: calls.append((fraction, desc)))
+    *_, final = run
+    steps_seen = [done for (done, total), desc in calls if total == 6]
+    assert steps_seen == sorted(steps_seen) and max(steps_seen) == 6  # never backwards, and to the end
+    assert "padded 2/3 · flatten 1/3" in [desc for _, desc in calls]  # interleaved: padded's step 2 before flatten's
+    assert "Backward / forward time" in final[-2]  # the anatomy's words, next to its figure
+
+
 def test_history_survives_a_torn_last_line(tmp_path, caplog):
     history = RunHistory(tmp_path)
     history.append({"run": 1})
@@ -154,9 +166,10 @@ def test_a_visitors_private_runs_are_listed_to_them_only_and_deleting_keeps_ever
 def test_picking_a_history_row_redraws_that_run(lab_app):
     tiny = demo_core.RunConfig(samples=16, steps=2, batch_size=4)
     entry = lab_app.HISTORY.append(demo_core.run_comparison(tiny).to_dict())
-    summary, batch, lengths, cost, throughput, loss, memory, table, contamination, json_path, csv_path = \
-        lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]),
-                                 types.SimpleNamespace(session_hash="any visitor"))
+    (summary, batch, lengths, cost, throughput, loss, memory, table, contamination, json_path, csv_path, anatomy,
+     anatomy_text) = lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]),
+                                              types.SimpleNamespace(session_hash="any visitor"))
     assert entry.run_id in summary and batch is not None and "Before training" in cost
+    assert anatomy is not None and "Backward / forward time" in anatomy_text
     assert [row[0] for row in table] == [result["collator"] for result in entry.document["results"]]
     assert json.loads(open(json_path).read())["results"] == entry.document["results"]

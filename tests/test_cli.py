@@ -10,8 +10,10 @@ import pytest
 from demo_core.cli import main
 
 RESULT_KEYS = {"collator", "attention", "steps", "real_tokens", "padded_slots", "pad_fraction", "tokens_per_s",
-               "samples_per_s", "step_time_median_s", "losses", "peak_memory_bytes", "memory"}
-COMPARISON_KEYS = {"speedup_vs_padded", "ideal_speedup", "max_abs_loss_diff_vs_padded"}
+               "samples_per_s", "step_time_median_s", "losses", "peak_memory_bytes", "memory",
+               "timed_steps", "tokens_per_s_range", "profiled_step", "time_anatomy"}
+COMPARISON_KEYS = {"speedup_vs_padded", "ideal_speedup", "max_abs_loss_diff_vs_padded",
+                   "work_ideal_speedup", "speedup_range", "flags"}
 
 
 def run_cli(*args, timeout=240):
@@ -34,6 +36,11 @@ def test_compare_writes_every_contract_key(tmp_path):
     for collator in ("padded", "flatten"):
         assert COMPARISON_KEYS <= set(document["comparison"][collator])
     assert "flatten" in done.stdout and "tokens/s" in done.stdout
+    # 3 steps: one timed step, so no speedup, and the report says why in words.
+    assert document["comparison"]["flatten"]["speedup_vs_padded"] is None
+    assert document["comparison"]["flatten"]["flags"] == ["few-timed-steps"]
+    assert "fewer than 3 timed steps" in done.stdout and "time anatomy" in done.stdout
+    assert "ERROR" not in done.stderr and "USDT" not in done.stderr  # the profiler's own lines stay quiet
 
 
 @pytest.mark.parametrize("args, message", [
@@ -43,6 +50,7 @@ def test_compare_writes_every_contract_key(tmp_path):
     (["--attention", "flash_attention_2"], "flash_attention_2 needs a CUDA GPU"),
     (["--dataset", "missing.jsonl"], "does not exist"),
     (["--max-length", "1"], "max length must be between"),
+    (["--threads", "0"], "threads must be between 1 and"),
     (["--unknown-flag"], "unrecognized arguments"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):

@@ -79,6 +79,8 @@ def test_two_gloo_ranks_match_the_single_process_run(tmp_path, single_process):
         assert [a + b for a, b in zip(*shares)] == result["step_real_tokens"]
         assert len(result["rank_peak_memory_bytes"]) == 2
         assert sum(result["tokens_per_s_per_device"]) == pytest.approx(result["tokens_per_s"])
+        if result["collator"] == "flatten":  # no padding: the ranks' work adds up to the single process's
+            assert result["step_work_flops"] == pytest.approx(reference["step_work_flops"])
 
     table, quiet = rank_logs(tmp_path / "logs", "stdout")
     assert "2 processes (DDP)" in table and "padded" in table

@@ -1,5 +1,7 @@
 """The engine end to end on tiny models: packing is exact, losses agree, naive concatenation is visibly wrong."""
 
+import os
+
 import pytest
 import torch
 
@@ -56,8 +58,27 @@ def test_same_examples_same_order(padded_vs_flatten):
 
 def test_ideal_speedup_is_padded_slots_over_real_tokens(padded_vs_flatten):
     padded = padded_vs_flatten["results"][0]
-    timed_slots, timed_real = sum(padded["step_padded_slots"][1:]), sum(padded["step_real_tokens"][1:])
+    # The timed steps: not step 1 (warm-up), not step 2 (profiled).
+    timed_slots, timed_real = sum(padded["step_padded_slots"][2:]), sum(padded["step_real_tokens"][2:])
     assert padded_vs_flatten["comparison"]["flatten"]["ideal_speedup"] == pytest.approx(timed_slots / timed_real)
+
+
+def test_collators_take_turns_step_by_step_on_a_cpu():
+    order = []
+    config = RunConfig(model="tiny-llama", samples=16, collators=("padded", "flatten", "bfd"), steps=3, batch_size=4,
+                       device="cpu")
+    run_comparison(config, progress=lambda name, step, _total: order.append((name, step)))
+    assert order == [(name, step) for step in (1, 2, 3) for name in ("padded", "flatten", "bfd")]
+
+
+def test_training_runs_on_one_cpu_thread_unless_asked(padded_vs_flatten):
+    before = torch.get_num_threads()
+    assert padded_vs_flatten["environment"]["cpu_threads"] == padded_vs_flatten["config"]["resolved_threads"] == 1
+    asked = min(2, os.cpu_count())
+    run = run_comparison(RunConfig(model="tiny-llama", samples=8, collators=("flatten",), steps=1, batch_size=4,
+                                   threads=asked)).to_dict()
+    assert run["environment"]["cpu_threads"] == asked
+    assert torch.get_num_threads() == before  # the process's setting is left as it was
 
 
 def test_loss_falls_on_builtin_data():

@@ -40,9 +40,27 @@ def test_stop_ends_the_burst_within_a_step_and_labels_it_partial():
     config = RunConfig(**SMALL, collators=("padded", "flatten"), steps=30)
     comparison = run_comparison(config, progress=stop_after_two_steps, stop_event=stop)
     assert comparison.partial
-    assert [r.collator for r in comparison.results] == ["padded"]  # flatten never started
-    assert comparison.results[0].partial and comparison.results[0].steps == 2
+    # On a CPU the collators take turns step by step: padded's step 2 sets Stop, and each stops at its next step end.
+    assert [r.collator for r in comparison.results] == ["padded", "flatten"]
+    assert [(r.partial, r.steps) for r in comparison.results] == [(True, 2), (True, 2)]
     assert comparison.contamination == []  # skipped: Stop ends the run without the extra forward passes
     # The next run is unaffected.
     again = run_comparison(RunConfig(**SMALL, collators=("flatten",), steps=3))
     assert not again.partial and again.results[0].steps == 3
+
+
+def test_a_failing_burst_stops_the_others_at_their_next_step_and_the_next_run_works():
+    steps_seen = []
+
+    def fail_in_padded_step_2(collator, step, total):
+        steps_seen.append((collator, step))
+        if (collator, step) == ("padded", 2):  # inside the profiled window, which closes after this callback
+            raise RuntimeError("injected failure")
+
+    config = RunConfig(**SMALL, collators=("padded", "flatten"), steps=30)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run_comparison(config, progress=fail_in_padded_step_2)
+    # flatten was waiting for its turn after step 1: it stops there instead of training 29 more steps alone.
+    assert steps_seen == [("padded", 1), ("flatten", 1), ("padded", 2)]
+    again = run_comparison(RunConfig(**SMALL, collators=("flatten",), steps=3))
+    assert again.results[0].time_anatomy is not None

@@ -9,7 +9,8 @@ from matplotlib.figure import Figure
 import demo_core
 from demo_core import plots
 
-CONFIG = demo_core.RunConfig(samples=32, steps=3, batch_size=4, max_length=256,
+# 5 steps: step 1 is warm-up and step 2 profiled, so 3 are timed, the fewest that give a speedup.
+CONFIG = demo_core.RunConfig(samples=32, steps=5, batch_size=4, max_length=256,
                              collators=("padded", "flatten", "naive-concat", "bfd"))
 
 
@@ -80,6 +81,27 @@ def test_throughput_figure_draws_tokens_per_s_and_speedups(document):
     for name, entry in document["comparison"].items():
         assert f"{entry['speedup_vs_padded']:.2f}×" in texts
     assert f"ideal {document['ideal_speedup']:.2f}×" in texts
+    for name, entry in document["comparison"].items():
+        if name != "padded":
+            assert f"work ideal {entry['work_ideal_speedup']:.2f}×" in texts
+
+
+def test_anatomy_figure_stacks_each_collators_profiled_step(document):
+    figure = plots.anatomy_figure(document)
+    _renders(figure)
+    by_phase, by_operation = figure.axes
+    results = document["results"]
+    for axes, part in ((by_phase, "phases"), (by_operation, "ops")):
+        heights = {}
+        for patch in axes.patches:
+            position = round(patch.get_x() + patch.get_width() / 2)
+            heights[position] = heights.get(position, 0.0) + patch.get_height()
+        assert [heights[index] for index in range(len(results))] == pytest.approx(
+            [sum(result["time_anatomy"][part].values()) * 1000 for result in results])
+    phases = results[0]["time_anatomy"]["phases"]
+    assert f"bwd/fwd {phases['backward'] / phases['forward']:.1f}×" in _texts(figure)
+    none_profiled = {**document, "results": [{**result, "time_anatomy": None} for result in results]}
+    assert "no step was profiled" in _texts(plots.anatomy_figure(none_profiled))
 
 
 def test_loss_figure_draws_every_step_of_every_collator(document):
@@ -113,7 +135,7 @@ def test_memory_figure_stacks_estimate_and_measured_or_says_why_not(document):
 def test_results_figures_draw_a_run_in_progress(document):
     """The app redraws after each collator: a document with only the first result must draw."""
     first = {**document, "results": document["results"][:1], "partial": True}
-    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure):
+    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure, plots.anatomy_figure):
         _renders(draw(first))
     assert np.isclose(plots.throughput_figure(first).axes[0].patches[0].get_height(),
                       document["results"][0]["tokens_per_s"])

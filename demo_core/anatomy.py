@@ -1,0 +1,347 @@
+"""Where a training step's time goes: one step of a burst profiled with `torch.profiler`, split two ways.
+
+By **phase** (a partition of the step's wall time, marked at its boundaries):
+  data       the end of the previous step to `on_step_begin`: the Trainer fetches the batch (collate, host->device)
+  forward    the model's forward, loss included (a forward pre-hook to the forward hook)
+  backward   the autograd pass (the loss's first backward node to the engine's end-of-backward callback)
+  optimizer  the end of backward to the end of `optimizer.step()`: gradient clipping and the update
+  other      the rest of the window: input preparation, the LR scheduler, zero_grad, callbacks, Python in between
+By **kind of operation** (each operator's self time; on CUDA its kernels' time), the classes of the "model training
+anatomy" (tensor contractions, statistical normalizations, element-wise operators) plus what training adds:
+  matmul         mm / addmm / bmm / linear ...: the weight matmuls and eager attention's score products
+  attention      the attention kernels (SDPA, flash, varlen: scores, softmax and weighted sum fused) and the Python
+                 of the attention modules between operators (varlen's segment bookkeeping); eager attention has no
+                 kernel: its score products are matmul and its softmax normalization, as in the seed
+  normalization  softmax / log-softmax and the loss on it, layer norm, RMS norm (inside a norm module)
+  elementwise    activations, residual adds, multiplies, dropout, casts, copies, gathers and scatters (memory-bound
+                 work per element: rotary embeddings, varlen's segment gather/scatter, embedding lookups)
+  optimizer      every operator in the optimizer phase
+  data           every operator in the data phase
+  other          operators of no class above (embedding gathers, views, reshapes) and the time no operator covers
+A backward node counts in the class of the forward operator that created it (matched by the autograd sequence number),
+so an RMS norm's backward is normalization, although it runs multiplies and sums.
+
+The profiled step is step `PROFILED_STEP`: the first after the warm-up step, so every burst that trains past the
+warm-up has an anatomy. The profiler slows a step (it records every operator: 10-40% on a tiny CPU model), so this
+step is left out of the throughput: `Result.timed_step_indices`. The anatomy's `step_s` is the profiled step's own
+wall time, profiler included; its shares, not its seconds, are what compare across collators.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from typing import Callable
+
+import torch
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+from transformers import TrainerCallback
+
+# Kineto prints two "USDT ... profiler_start/stop" lines to stderr per profile unless its log level is above them
+# (read when the profiler first starts); they would land in the CLI's output.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+logger = logging.getLogger(__name__)
+
+PROFILED_STEP = 2  # step 1 is the warm-up; the profiled step is the next one
+PHASES = ("forward", "backward", "optimizer", "data", "other")
+OP_CLASSES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "data", "other")
+
+_profiler_initialized = False
+
+
+def initialize_profiler() -> None:
+    """Starts kineto (torch.profiler's backend) once, from the main thread; a no-op anywhere else.
+
+    Kineto initialises on the first profile, and only when that is in the thread that imported torch; from another
+    thread it prints an "ERROR: External init callback must run in same thread as registerClient" line on stderr
+    and skips its client's init. Bursts profile in worker threads (the page's, the alternating bursts'), so callers
+    on the main thread (the CLI's run, the app's launch) call this first; the first profile costs ~1.5 s anyway.
+    """
+    global _profiler_initialized
+    if _profiler_initialized or threading.current_thread() is not threading.main_thread():
+        return
+    with profile(activities=[ProfilerActivity.CPU]):
+        pass
+    _profiler_initialized = True
+
+
+MARK = "packing-lab mark: "  # zero-length ranges at phase boundaries, in the profiler's own clock
+MARKS = ("open", "step_begin", "forward_start", "forward_end", "backward_start", "backward_end", "optimizer_end",
+         "close")
+NORM_RANGE = "packing-lab: normalization module"
+ATTENTION_RANGE = "packing-lab: attention module"
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+
+# Names are matched after stripping the "aten::" namespace and lower-casing.
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "einsum",
+                        "_addmm_activation", "mmbackward0", "addmmbackward0", "bmmbackward0"})
+ATTENTION_PATTERN = re.compile(r"scaled_dot_product|scaleddotproduct|flash_attention|flashattention|"
+                               r"efficient_attention|efficientattention|varlen_attn|cudnn_attention")
+NORMALIZATION_PATTERN = re.compile(r"softmax|layer_norm|layernorm|rms_norm|rmsnorm|group_norm|batch_norm|nll_loss|"
+                                   r"nlllos|cross_entropy")
+ELEMENTWISE_OPS = frozenset({
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "pow", "rsqrt", "sqrt", "exp", "log", "tanh",
+    "sigmoid", "silu", "silu_", "gelu", "relu", "relu_", "dropout", "native_dropout", "where", "masked_fill",
+    "masked_fill_", "clamp", "clamp_", "mean", "sum", "copy_", "to", "_to_copy", "fill_", "zero_", "cat", "cos", "sin",
+    "silu_backward", "gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "pow_backward",
+    "native_dropout_backward", "maximum", "minimum", "abs", "sign", "reciprocal", "addcmul_", "addcdiv_", "lerp_",
+    "clone", "contiguous", "zeros", "new_zeros", "zeros_like", "empty_like", "index", "index_put_", "_index_put_impl_",
+    "index_copy", "index_copy_", "index_select", "index_add_", "index_select_backward", "gather", "scatter",
+    "scatter_add_", "embedding", "embedding_dense_backward", "embedding_backward", "slice_backward", "stack",
+})
+
+
+def _base_name(name: str) -> str:
+    return name.split("::", 1)[-1].lower()
+
+
+def classify_op(name: str, context: str | None = None) -> str:
+    """The class of one operator from its name and the context it ran in (see the module docstring).
+
+    `context`: "optimizer" / "data" (its phase), "attention" (inside an attention kernel, or a backward node created
+    by one), "normalization" (inside a norm module, or a backward node created by one), or None.
+    """
+    if context in ("optimizer", "data", "attention", "normalization"):
+        return context
+    if name == ATTENTION_RANGE:  # its own time: the module's Python between operators
+        return "attention"
+    base = _base_name(name.removeprefix(BACKWARD_NODE))
+    if ATTENTION_PATTERN.search(base):
+        return "attention"
+    if base in MATMUL_OPS:
+        return "matmul"
+    if NORMALIZATION_PATTERN.search(base):
+        return "normalization"
+    if base in ELEMENTWISE_OPS or base.endswith("backward0") and base.removesuffix("backward0") in ELEMENTWISE_OPS:
+        return "elementwise"
+    return "other"
+
+
+def _is_norm_module(module: torch.nn.Module) -> bool:
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) or type(module).__name__.endswith("Norm")
+
+
+def _is_attention_module(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention")
+
+
+class _ModuleRanges:
+    """A profiler range around every call of the norm and attention modules, while installed."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._handles = []
+        self._open: list = []
+        for module in model.modules():
+            label = NORM_RANGE if _is_norm_module(module) else ATTENTION_RANGE if _is_attention_module(module) else None
+            if label is not None:
+                self._handles.append(module.register_forward_pre_hook(self._enter(label)))
+                self._handles.append(module.register_forward_hook(self._exit))
+
+    def _enter(self, label: str):
+        def hook(*_) -> None:
+            scope = record_function(label)
+            scope.__enter__()
+            self._open.append(scope)
+        return hook
+
+    def _exit(self, *_) -> None:  # forward hooks must return None: a value would replace the module's output
+        self._open.pop().__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class StepProfiler:
+    """Profiles step `PROFILED_STEP` of a burst and keeps its anatomy in `self.anatomy` (None until then).
+
+    Two callbacks, because the window must open after this burst's turn came back and close before it is handed on
+    (timing.TurnTaking waits in between): `closer` (added before the turn-taking callback) marks the phases and ends
+    the window at the profiled step's end; `opener` (added after it) starts the profiler at the previous step's end.
+    On CUDA each mark synchronises first, so a phase is the device's time, not the time to queue its kernels.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: str):
+        self.model, self.device = model, device
+        self.anatomy: dict | None = None
+        self._profiler: profile | None = None
+        self._ranges: _ModuleRanges | None = None
+        self._hooks: list = []
+        self._started_s = 0.0
+        self._backward_started = False
+        self.opener, self.closer = _Opener(self), _Closer(self)
+
+    def mark(self, name: str) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        with record_function(MARK + name):
+            pass
+
+    def _mark_forward_end(self, _module, _inputs, output) -> None:
+        self.mark("forward_end")
+        # Every output with a graph: the loss (Trainer), or what TRL's fused LM head returns (the loss is computed
+        # from its log-probs outside the model, and some outputs are detached); backward reaches the first one
+        # that is part of the loss after at most a few scalar ops.
+        self._backward_started = False
+        for value in output.values() if isinstance(output, dict) else [output]:
+            if torch.is_tensor(value) and value.grad_fn is not None:
+                value.grad_fn.register_prehook(self._mark_backward_start)
+
+    def _mark_backward_start(self, _grad_outputs) -> None:
+        if self._backward_started:
+            return
+        self._backward_started = True
+        self.mark("backward_start")
+        # Runs when the whole backward pass is done (the hook DDP uses to know its gradients are ready).
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self.mark("backward_end"))
+
+    def open(self) -> None:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+        self._profiler = profile(activities=activities)
+        self._profiler.start()
+        self._started_s = time.perf_counter()
+        self.mark("open")
+        self._ranges = _ModuleRanges(self.model)
+        self._hooks = [self.model.register_forward_pre_hook(lambda *_: self.mark("forward_start")),
+                       self.model.register_forward_hook(self._mark_forward_end)]
+
+    def close(self) -> None:
+        self.mark("close")
+        step_s = time.perf_counter() - self._started_s
+        self._remove_hooks()
+        self._profiler.stop()
+        events = [event for event in self._profiler.events() if event.device_type == torch.autograd.DeviceType.CPU]
+        self._profiler = None
+        missing = set(MARKS) - {event.name.removeprefix(MARK) for event in events if event.name.startswith(MARK)}
+        if missing:  # a model or trainer whose step this module cannot delimit: no anatomy, the run goes on
+            logger.warning("time anatomy skipped: the profiled step had no %s mark", ", ".join(sorted(missing)))
+            return
+        self.anatomy = anatomy_of_events(events, step_s, self.device == "cuda")
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self._ranges is not None:
+            self._ranges.remove()
+            self._ranges = None
+
+    def abandon(self) -> None:
+        """Ends a window still open when training ended (an error mid-step): a profiler left running would refuse
+        the next burst's. A no-op after `close`."""
+        self._remove_hooks()
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._profiler = None
+
+
+class _Opener(TrainerCallback):
+    def __init__(self, owner: StepProfiler):
+        self.owner = owner
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == PROFILED_STEP - 1 and not control.should_training_stop:
+            self.owner.open()
+
+
+class _Closer(TrainerCallback):
+    def __init__(self, owner: StepProfiler):
+        self.owner = owner
+
+    def _profiling(self, state) -> bool:
+        return self.owner._profiler is not None and state.global_step == PROFILED_STEP - 1
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._profiling(state):
+            self.owner.mark("step_begin")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self._profiling(state):
+            self.owner.mark("optimizer_end")
+
+    def on_step_end(self, args, state, control, **kwargs):  # global_step already counts this step
+        if self.owner._profiler is not None and state.global_step == PROFILED_STEP:
+            self.owner.close()
+
+
+# ---- from profiler events to the anatomy ---------------------------------------------------------------------------
+
+def _start_us(event) -> float:
+    return event.time_range.start
+
+
+def _phase_windows(marks: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """Each phase as an interval of the profiler clock (µs); `other` is the rest of the window."""
+    return {
+        "data": (marks["open"], marks["step_begin"]),
+        "forward": (marks["forward_start"], marks["forward_end"]),
+        "backward": (marks["backward_start"], marks["backward_end"]),
+        "optimizer": (marks["backward_end"], marks["optimizer_end"]),
+    }
+
+
+def _context_of(event, phase_of, forward_class_of_sequence: dict[int, str]) -> str | None:
+    """The context that fixes the class of `event` and everything under it, from the event or its ancestors."""
+    phase = phase_of(_start_us(event))
+    if phase in ("data", "optimizer"):
+        return phase
+    node = event
+    while node is not None:
+        name = node.name
+        if name.startswith("Optimizer."):
+            return "optimizer"
+        if ATTENTION_PATTERN.search(_base_name(name)):
+            return "attention"
+        if name == NORM_RANGE:
+            return "normalization"
+        if name.startswith(BACKWARD_NODE):
+            inherited = forward_class_of_sequence.get(node.sequence_nr)
+            if inherited in ("attention", "normalization"):
+                return inherited
+        node = node.cpu_parent
+    return None
+
+
+def classify_events(events: list, phase_of: Callable[[float], str], on_device: bool) -> list[tuple[object, str, float]]:
+    """(event, operation class, seconds) for every operator event: its self time (CPU) or self device time (CUDA).
+
+    `phase_of(start_us)` names the phase an event started in. Events are walked in start order, so each forward
+    operator's class is known before the backward node it created (same autograd sequence number) is classified.
+    """
+    classified = []
+    forward_class_of_sequence: dict[int, str] = {}
+    for event in sorted(events, key=_start_us):
+        if event.name.startswith(MARK):
+            continue
+        seconds = (event.self_device_time_total if on_device else event.self_cpu_time_total) / 1e6
+        op_class = classify_op(event.name, _context_of(event, phase_of, forward_class_of_sequence))
+        classified.append((event, op_class, seconds))
+        if event.sequence_nr >= 0 and not event.name.startswith(BACKWARD_NODE):
+            forward_class_of_sequence.setdefault(event.sequence_nr, op_class)
+    return classified
+
+
+def anatomy_of_events(events: list, step_s: float, on_device: bool) -> dict:
+    """The `time_anatomy` document of one profiled step from its profiler events (CPU-side `FunctionEvent`s).
+
+    The time no operator covers (Python between operators, an idle device) counts as `other` operations, so `ops`
+    adds up to `step_s` too.
+    """
+    marks = {event.name.removeprefix(MARK): _start_us(event) for event in events if event.name.startswith(MARK)}
+    windows = _phase_windows(marks)
+
+    def phase_of(start_us: float) -> str:
+        return next((phase for phase, (low, high) in windows.items() if low <= start_us < high), "other")
+
+    phases_us = {phase: high - low for phase, (low, high) in windows.items()}
+    phases_us["other"] = marks["close"] - marks["open"] - sum(phases_us.values())
+    ops_s = dict.fromkeys(OP_CLASSES, 0.0)
+    for _, op_class, seconds in classify_events(events, phase_of, on_device):
+        ops_s[op_class] += seconds
+    ops_s["other"] += max(0.0, step_s - sum(ops_s.values()))
+    return {"step_s": step_s, "phases": {phase: phases_us[phase] / 1e6 for phase in PHASES}, "ops": ops_s}

@@ -1,0 +1,50 @@
+"""How much arithmetic one training step does, under a plain FLOP model: the basis of the work ideal speedup.
+
+The slots ideal (padded slots / real tokens) assumes a step's time is proportional to the token slots it computes.
+Attention is not: under varlen / flash_attention_2 the padded baseline also skips padding inside attention, so that
+part of a step cannot shrink with packing. `step_flops` counts both parts, and the work ideal is padded's FLOPs per
+real token over a collator's: the most packing can gain on this model and data when every FLOP costs the same.
+
+Linear layers: 2 FLOPs per weight per computed token slot. Attention per layer: 4 FLOPs per head dimension per
+(query, key) score pair computed: causal pairs s(s+1)/2 per segment for varlen / flash, every pair of the row when
+SDPA or eager take an explicit mask (padded rows: L², a packed row with its block mask: T²). Training = 3x forward
+(backward costs about twice the forward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers.pytorch_utils import Conv1D
+
+# Paths that attend per segment (causal pairs only); the others multiply a full (masked) score matrix.
+PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkModel:
+    linear_weights: int  # weights of every matmul layer (Linear, and GPT-2's Conv1D), the LM head included
+    attention_width: int  # query heads x head dimension
+    layers: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "WorkModel":
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        weights = sum(module.weight.numel() for module in model.modules()
+                      if isinstance(module, (torch.nn.Linear, Conv1D)))
+        return cls(weights, config.num_attention_heads * head_dim, config.num_hidden_layers)
+
+
+def step_flops(work: WorkModel, lengths: list[int], layout: str, attention: str) -> float:
+    """Training FLOPs of one step on examples of these `lengths`, batched as `layout` (a CollatorSpec layout)."""
+    padded = layout == "padded"
+    slots = len(lengths) * max(lengths) if padded else sum(lengths)
+    # The naive row has no boundaries: one segment of the whole row.
+    segments = [sum(lengths)] if layout == "naive" else lengths
+    if attention in PER_SEGMENT_ATTENTION:
+        pairs = sum(n * (n + 1) // 2 for n in segments)
+    else:
+        pairs = len(lengths) * max(lengths) ** 2 if padded else sum(lengths) ** 2
+    return 3 * (2 * work.linear_weights * slots + 4 * work.attention_width * pairs * work.layers)
