@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import threading
 
 import torch
