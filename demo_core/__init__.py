@@ -22,5 +22,5 @@ from .results import Comparison, Result, write_json
 
 __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
            "HistoryEntry", "Limits", "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Prepared", "Result",
-           "RunConfig", "RunHistory", "data_dir", "initialize_profiler", "plots", "prepare", "preview", "report", "run_comparison",
-           "write_json"]
+           "RunConfig", "RunHistory", "data_dir", "initialize_profiler", "plots", "prepare", "preview", "report",
+           "run_comparison", "write_json"]

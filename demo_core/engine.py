@@ -252,6 +252,14 @@ def run_comparison(run: RunConfig | Prepared, limits: Limits | None = None, prog
         release_memory()  # after a failed or stopped run too
 
 
+def takes_turns(device: str) -> bool:
+    """Whether the collators' bursts alternate step by step on this device. On a CPU they do: a CPU is often shared
+    (a Space, a laptop, CI), and collators run minutes apart would see different loads. On a GPU they run one after
+    the other: a GPU is dedicated, and its peak memory per phase (max_memory_allocated) would otherwise include the
+    other collators' resident models and optimizer state."""
+    return device == "cpu"
+
+
 def _sequential_bursts(prepared: Prepared, settings: BurstSettings, progress: ProgressFn | None,
                        stop_event: threading.Event | None, on_result: Callable[[Result], None] | None) -> list[Result]:
     results: list[Result] = []
@@ -304,10 +312,7 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
 def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event: threading.Event | None,
                     on_result: Callable[[Result], None] | None) -> Comparison:
     settings = prepared.burst_settings()
-    # On a CPU the bursts alternate: a CPU is often shared (a Space, a laptop, CI), and collators run minutes apart
-    # would see different loads. On a GPU they run one after the other: a GPU is dedicated, and its peak memory per
-    # phase (max_memory_allocated) would otherwise include the other collators' resident models and optimizer state.
-    bursts = _alternating_bursts if prepared.device == "cpu" and len(prepared.specs) > 1 else _sequential_bursts
+    bursts = _alternating_bursts if takes_turns(prepared.device) and len(prepared.specs) > 1 else _sequential_bursts
     results = bursts(prepared, settings, progress, stop_event, on_result)
     # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a stopped run
     # skips it, so that Stop ends the run promptly.

@@ -73,8 +73,9 @@ def test_a_visitors_upload_is_theirs_alone_and_leaves_the_server_after_the_run(l
 
     # A redraws its run (results, downloads); B, naming A's run id, is told there is no such run.
     a_request, b_request = (types.SimpleNamespace(session_hash=client.session_hash) for client in (a, b))
-    summary, *_, json_path, csv_path = lab_app.show_history_run(types.SimpleNamespace(row_value=[mine["run_id"]]),
-                                                               a_request)
+    # (summary, 3 preview views, throughput, loss, memory, table, contamination, JSON, CSV, anatomy figure and text)
+    summary, *_, json_path, csv_path, _, _ = lab_app.show_history_run(
+        types.SimpleNamespace(row_value=[mine["run_id"]]), a_request)
     assert mine["run_id"] in summary and folder not in Path(json_path).read_text()
     with pytest.raises(gr.Error, match="no longer in the history"):
         lab_app.show_history_run(types.SimpleNamespace(row_value=[mine["run_id"]]), b_request)
