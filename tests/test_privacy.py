@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import types
+import uuid
 from pathlib import Path
 
 import gradio as gr
@@ -101,7 +102,7 @@ def test_built_in_runs_stay_shared_between_visitors(lab_app):
 
 def test_the_page_empties_the_upload_box_and_a_closed_tab_takes_its_private_runs_along(lab_app, tmp_path):
     # The page's upload box hands the handler a path in Gradio's upload folder, as an upload does.
-    folder = uploads.upload_folder() / f"test-{tmp_path.name}"
+    folder = uploads.upload_folder() / f"test-{uuid.uuid4().hex}"  # a fresh folder, as every upload gets
     folder.mkdir(parents=True)
     upload = private_file(folder, "notes.jsonl")
     owner, other = types.SimpleNamespace(session_hash="tab-owner"), types.SimpleNamespace(session_hash="tab-other")
