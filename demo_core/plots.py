@@ -10,6 +10,10 @@ closed, which leaks in a long-running server and is not thread-safe. A Figure ma
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import textwrap
+
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import ListedColormap
@@ -34,9 +38,21 @@ LEAK, NOT_COMPUTED, MASKED = -1, 0, 1  # mask image codes; 2 + i is "attends wit
 MAX_GRID_COLUMNS = 1024  # wider padded grids are drawn one column per k slots: the picture, not every cell
 MAX_GRID_ROWS = 16  # a batch of 64 would be 64 hairlines
 FIGURE_DPI = 80  # about the width the page gives a figure; more pixels only cost encoding time
+# Widths of the figures shown beside another on a desktop page; a phone asks for narrower ones.
+LENGTHS_WIDTH_IN, RESULT_WIDTH_IN = 7.5, 6.5
 MASK_PIXELS = 360  # a packed row of T tokens has a T x T mask; draw it sampled at this many pixels per side
 ALL_LABELS_UP_TO = 12  # label every boundary up to this many examples, then only some
 MASK_TICKS = 7  # a mask panel is ~3 inches wide: more boundary labels than this overlap at a readable size
+# Text sizes of the batch picture in points, which the page shows at about as many pixels (see `BatchLayout`).
+FIGURE_TITLE_PT, TITLE_PT, LABEL_PT, SMALL_PT = 12, 10.5, 10, 9
+LINE_SPACING = 1.3  # matplotlib's line height, in font sizes
+MASK_AXIS_LABELS_PT = 62  # below a mask: its tick labels (rotated) and axis label, in points
+MASK_LEFT_IN = 0.75  # left of a mask: its tick labels and axis label
+ROW_NAMES_IN, ROW_LABELS_IN = 0.6, 2.1  # left and right of a row panel: "row 3", "2 examples, 1021 tokens"
+CHARS_PER_IN, MASK_CHARS_PER_IN = 11, 12  # characters per inch of width of a title (TITLE_PT), a mask's (LABEL_PT)
+TITLE_CHARS_PER_IN = 10  # the same for a results figure's centred title at 10 pt
+WIDE_FROM_IN = 9  # narrower batch pictures put two masks side by side instead of four
+BATCH_MIN_IN, BATCH_MAX_IN = 4.4, 16  # narrower cannot hold two masks, wider has nothing more to show
 
 
 def _example_color(index: int):
@@ -70,9 +86,40 @@ def _text_figure(message: str, width_in: float = 7.0, height_in: float = 3.0) ->
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _draw_padded(axes, batch: dict) -> None:
+def _wrap(text: str, width: int) -> str:
+    """Each line of `text` wrapped at `width` characters (the texts are written for the wide picture)."""
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+
+
+def _height_in(text: str, points: float) -> float:
+    """The height of a (wrapped) text in inches."""
+    return (text.count("\n") + 1) * points * LINE_SPACING / 72
+
+
+def _padded_title(batch: dict) -> str:
     lengths = batch["lengths"]
-    rows, width = len(lengths), max(lengths)
+    rows, shown = len(lengths), min(len(lengths), MAX_GRID_ROWS)
+    more = f" (first {shown} of {rows} rows drawn)" if rows > shown else ""
+    return (f"padded: {rows} rows × {max(lengths)} slots = {batch['padded_slots']:,} slots for "
+            f"{batch['real_tokens']:,} real tokens: {batch['pad_fraction']:.0%} of the compute is padding (grey){more}")
+
+
+def _flat_title(batch: dict) -> str:
+    return (f"padding-free (flatten): the same {len(batch['lengths'])} examples in 1 row × "
+            f"{batch['cu_seqlens'][-1]:,} tokens, 0% padding.\n"
+            f"Each example's first label is -100 (▲), so no token is trained to follow the example before it")
+
+
+def _packed_rows_title(name: str, batch: dict, max_length: int) -> str:
+    return (f"{name} (TRL best-fit decreasing): {len(batch['row_lengths'])} rows of at most {max_length} tokens (the "
+            f"max length) holding {batch['examples']} examples, regrouped from the whole dataset (so not the examples "
+            f"above; other colours);\n"
+            f"the model sees them flattened into 1 row × {batch['real_tokens']:,} tokens, like flatten")
+
+
+def _draw_padded(axes, batch: dict, title: str) -> None:
+    lengths = batch["lengths"]
+    width = max(lengths)
     shown = lengths[:MAX_GRID_ROWS]
     step = max(1, -(-width // MAX_GRID_COLUMNS))
     columns = np.arange(0, width, step)
@@ -80,17 +127,13 @@ def _draw_padded(axes, batch: dict) -> None:
     axes.imshow(grid, cmap=_example_cmap(len(shown)), vmin=0, vmax=len(shown), aspect="auto", interpolation="nearest",
                 extent=(0, width, len(shown) - 0.5, -0.5))
     for index, length in enumerate(shown):
-        axes.text(width * 1.01, index, f"{length} real + {width - length} pad", va="center", fontsize=8,
+        axes.text(width * 1.01, index, f"{length} real + {width - length} pad", va="center", fontsize=LABEL_PT,
                   clip_on=False)
-    axes.set_yticks(range(len(shown)), [f"ex {i}" for i in range(len(shown))], fontsize=8)
+    axes.set_yticks(range(len(shown)), [f"ex {i}" for i in range(len(shown))], fontsize=LABEL_PT)
     axes.set_xlim(0, width)
-    axes.set_xlabel("token slot in the row", fontsize=8)
-    axes.tick_params(axis="x", labelsize=8)
-    more = f" (first {len(shown)} of {rows} rows drawn)" if rows > len(shown) else ""
-    axes.set_title(
-        f"padded: {rows} rows × {width} slots = {batch['padded_slots']:,} slots for {batch['real_tokens']:,} real "
-        f"tokens: {batch['pad_fraction']:.0%} of the compute is padding (grey){more}",
-        loc="left", fontsize=10)
+    axes.set_xlabel("token slot in the row", fontsize=LABEL_PT)
+    axes.tick_params(axis="x", labelsize=LABEL_PT)
+    axes.set_title(title, loc="left", fontsize=TITLE_PT)
 
 
 def _draw_segments(axes, lengths: list[int], y: float, height: float, first_color: int = 0) -> None:
@@ -100,58 +143,50 @@ def _draw_segments(axes, lengths: list[int], y: float, height: float, first_colo
                      edgecolor="white", linewidth=0.6)
 
 
-def _draw_flattened(axes, positions_axes, batch: dict) -> None:
+def _draw_flattened(axes, positions_axes, batch: dict, title: str, positions_title: str, labels: int) -> None:
     lengths, cu_seqlens = batch["lengths"], batch["cu_seqlens"]
     total = cu_seqlens[-1]
     _draw_segments(axes, lengths, 0.0, 1.0)
-    labelled = _boundaries(cu_seqlens)
+    labelled = _boundaries(cu_seqlens, labels)
     for rank, boundary in enumerate(labelled):
         # Alternate two heights so the labels of short neighbouring examples do not overlap.
-        axes.text(boundary, 1.08 + 0.32 * (rank % 2), f"{boundary}", ha="center", va="bottom", fontsize=7.5)
+        axes.text(boundary, 1.08 + 0.32 * (rank % 2), f"{boundary}", ha="center", va="bottom", fontsize=SMALL_PT)
     axes.vlines(cu_seqlens, -0.1, 1.05, color="black", linewidth=0.8)
-    axes.text(0, 1.95, "cu_seqlens (where each example starts):", fontsize=8, va="bottom")
+    axes.text(0, 1.95, "cu_seqlens (where each example starts):", fontsize=SMALL_PT, va="bottom")
     masked = [index for index, label in enumerate(batch["labels"][0]) if label == -100]
     axes.plot(masked, [-0.3] * len(masked), marker="^", linestyle="none", color=LABEL_MASK_COLOR, markersize=5)
-    axes.text(total, -0.3, "  ▲ label -100", color=LABEL_MASK_COLOR, fontsize=8, va="center", clip_on=False)
+    axes.text(total, -0.3, "  ▲ label -100", color=LABEL_MASK_COLOR, fontsize=SMALL_PT, va="center", clip_on=False)
     axes.set_ylim(-0.6, 2.3)
     axes.set_xlim(0, total)
     axes.set_yticks([])
     axes.tick_params(axis="x", labelbottom=False)
     for side in ("left", "right", "top"):
         axes.spines[side].set_visible(False)
-    axes.set_title(
-        f"padding-free (flatten): the same {len(lengths)} examples in 1 row × {total:,} tokens, 0% padding.\n"
-        f"Each example's first label is -100 (▲), so no token is trained to follow the example before it",
-        loc="left", fontsize=10)
+    axes.set_title(title, loc="left", fontsize=TITLE_PT)
     positions = batch["position_ids"]
     positions_axes.plot(np.arange(len(positions)), positions, color="black", linewidth=0.9)
     positions_axes.set_xlim(0, total)
-    positions_axes.set_ylabel("position_ids", fontsize=8)
-    positions_axes.set_xlabel("token index in the packed row", fontsize=8)
-    positions_axes.tick_params(labelsize=8)
-    positions_axes.set_title("position_ids restart at 0 at each boundary, as if each example were alone",
-                             loc="left", fontsize=8.5)
+    positions_axes.set_ylabel("position_ids", fontsize=SMALL_PT)
+    positions_axes.set_xlabel("token index in the packed row", fontsize=LABEL_PT)
+    positions_axes.tick_params(labelsize=SMALL_PT)
+    positions_axes.set_title(positions_title, loc="left", fontsize=LABEL_PT)
 
 
-def _draw_packed_rows(axes, name: str, batch: dict, max_length: int) -> None:
+def _draw_packed_rows(axes, batch: dict, max_length: int, title: str, first_color: int) -> None:
+    """The packed rows, their examples coloured from `first_color` on (they are not the first batch's)."""
     row_lengths = batch["row_lengths"]
-    color = 0
+    color = first_color
     for row, lengths in enumerate(row_lengths):
         _draw_segments(axes, lengths, row - 0.4, 0.8, first_color=color)
         color += len(lengths)
-        used = sum(lengths)
-        axes.text(max_length * 1.01, row, f"{len(lengths)} example{'s' if len(lengths) > 1 else ''}, {used} tokens", va="center", fontsize=8,
-                  clip_on=False)
+        axes.text(max_length * 1.01, row, f"{len(lengths)} example{'s' if len(lengths) > 1 else ''}, "
+                  f"{sum(lengths)} tokens", va="center", fontsize=LABEL_PT, clip_on=False)
     axes.set_xlim(0, max_length)
     axes.set_ylim(len(row_lengths) - 0.5, -0.5)
-    axes.set_yticks(range(len(row_lengths)), [f"row {i}" for i in range(len(row_lengths))], fontsize=8)
-    axes.set_xlabel(f"token slot in a packed row of at most {max_length} (max length)", fontsize=8)
-    axes.tick_params(axis="x", labelsize=8)
-    axes.set_title(
-        f"{name} (TRL best-fit decreasing): {len(row_lengths)} packed rows holding {batch['examples']} examples, "
-        f"regrouped from the whole dataset (so not the examples above);\n"
-        f"the model sees them flattened into 1 row × {batch['real_tokens']:,} tokens, like flatten",
-        loc="left", fontsize=10)
+    axes.set_yticks(range(len(row_lengths)), [f"row {i}" for i in range(len(row_lengths))], fontsize=LABEL_PT)
+    axes.set_xlabel("token slot in the packed row", fontsize=LABEL_PT)
+    axes.tick_params(axis="x", labelsize=LABEL_PT)
+    axes.set_title(title, loc="left", fontsize=TITLE_PT)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -211,8 +246,16 @@ def _panels_in_use(collators: list[str], attention: str) -> dict[str, list[str]]
     return in_use
 
 
-def _draw_mask(axes, preview: dict, lengths: list[int], panel: str, title: str, score_key: str,
-               used_by: list[str]) -> None:
+def _mask_title(preview: dict, title: str, score_key: str) -> str:
+    return f"{title}\n{_SCORE_FORMULAS[score_key]} = {preview['cost'][score_key]:,} scores"
+
+
+def _used_by_text(used_by: list[str]) -> str:
+    return f"used by {', '.join(used_by)} in this run" if used_by else ""
+
+
+def _draw_mask(axes, lengths: list[int], panel: str, title: str, used_by: list[str], used_by_text: str,
+               tick_count: int) -> None:
     image = _mask_image(lengths, panel)
     if panel == "padded":
         total = len(lengths) * max(lengths)
@@ -226,20 +269,20 @@ def _draw_mask(axes, preview: dict, lengths: list[int], panel: str, title: str, 
     if panel == "varlen":
         for start, length in zip(boundaries[:-1], lengths):
             axes.add_patch(Rectangle((start, start), length, length, fill=False, edgecolor="black", linewidth=0.7))
-    ticks = _boundaries(boundaries, MASK_TICKS)
-    axes.set_xticks(ticks, [str(t) for t in ticks], fontsize=8, rotation=90)
-    axes.set_yticks(ticks, [str(t) for t in ticks], fontsize=8)
-    axes.set_xlabel("key (attended token)", fontsize=8.5)
-    axes.set_ylabel("query token", fontsize=8.5)
-    scores = preview["cost"][score_key]
-    axes.set_title(f"{title}\n{_SCORE_FORMULAS[score_key]} = {scores:,} scores", fontsize=9.5)
+    ticks = _boundaries(boundaries, tick_count)
+    axes.set_xticks(ticks, [str(t) for t in ticks], fontsize=SMALL_PT, rotation=90)
+    axes.set_yticks(ticks, [str(t) for t in ticks], fontsize=SMALL_PT)
+    axes.set_xlabel("key (attended token)", fontsize=LABEL_PT)
+    axes.set_ylabel("query token", fontsize=LABEL_PT)
+    axes.set_title(title, fontsize=LABEL_PT)
     if used_by:
         color = collator_spec(used_by[0]).color
         for spine in axes.spines.values():
             spine.set_edgecolor(color)
             spine.set_linewidth(3)
-        axes.text(0.5, -0.3, f"used by {', '.join(used_by)} in this run", transform=axes.transAxes, ha="center",
-                  va="top", fontsize=8.5, fontweight="bold", color=color)
+        axes.annotate(used_by_text, (0.5, 0), xycoords="axes fraction", xytext=(0, -MASK_AXIS_LABELS_PT),
+                      textcoords="offset points", ha="center", va="top", fontsize=LABEL_PT, fontweight="bold",
+                      color=color)
 
 
 def _padded_view(lengths: list[int]) -> dict:
@@ -256,12 +299,77 @@ def _flat_view(lengths: list[int]) -> dict:
             "labels": [[-100 if position == 0 else 0 for length in lengths for position in range(length)]]}
 
 
-def batch_figure(preview: dict) -> Figure:
-    """The first batch under each selected collator (left) and the attention masks (right), from `preview()`.
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """The batch picture laid out for a width in inches. A figure shown at FIGURE_DPI CSS pixels per inch draws a
+    p-point font about 1.1 p pixels high: the page asks for the width it will show the picture at, so its text is
+    that size on a desktop and on a phone alike, and the layout decides what fits on a line."""
+
+    width_in: float
+
+    @property
+    def dpi(self) -> int:
+        # Narrow pictures are shown on phones, whose screens have 2-3 device pixels per CSS pixel: more of them keep
+        # the picture sharp there; a desktop's would only cost encoding time.
+        return FIGURE_DPI if self.width_in >= WIDE_FROM_IN else 2 * FIGURE_DPI
+
+    @property
+    def wrap(self) -> int:
+        """Characters per line of a title."""
+        return int(self.width_in * CHARS_PER_IN)
+
+    @property
+    def mask_columns(self) -> int:
+        return 4 if self.width_in >= WIDE_FROM_IN else 2
+
+    @property
+    def mask_wrap(self) -> int:
+        """Characters per line of a mask panel's title."""
+        return int((self.width_in * 0.9 / self.mask_columns - 0.3) * MASK_CHARS_PER_IN)
+
+    @property
+    def rows_left(self) -> float:
+        """Where the row panels (padded grid, flattened row, packed rows) start: their row names sit left of it."""
+        return ROW_NAMES_IN / self.width_in
+
+    @property
+    def rows_right(self) -> float:
+        """Where the row panels end: each row's label ("57 real + 199 pad") sits right of it."""
+        return 1 - ROW_LABELS_IN / self.width_in
+
+    @property
+    def legend_columns(self) -> int:
+        return 7 if self.width_in >= 15 else 3 if self.width_in >= 8 else 1
+
+    @property
+    def boundary_labels(self) -> int:
+        """How many cu_seqlens values the flattened row can label side by side."""
+        return min(ALL_LABELS_UP_TO, int(self.width_in))
+
+    @property
+    def mask_ticks(self) -> int:
+        """How many boundaries a mask panel can label side by side (its labels are turned upright)."""
+        return min(MASK_TICKS, int(self.width_in * 0.9 / self.mask_columns * 2))
+
+
+def _inset(cell, left: float, right: float):
+    """A row of the figure's single column, narrowed to [left, right] of the figure's width."""
+    return cell.subgridspec(1, 3, width_ratios=[left, right - left, 1 - right], wspace=0)[1]
+
+
+def _row_axes(figure: Figure, cell, layout: BatchLayout, **options):
+    """The axes of a row panel (padded grid, flattened row, packed rows), its labels in the right margin."""
+    return figure.add_subplot(_inset(cell, layout.rows_left, layout.rows_right), **options)
+
+
+def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
+    """The first batch under each selected collator (top) and the attention masks (bottom), from `preview()`, laid
+    out `width_in` inches wide (narrow: titles wrapped, masks two by two).
 
     The padded grid and the flattened row are always drawn, since the picture exists to contrast them; they use
     the engine's batches when those collators are selected.
     """
+    layout = BatchLayout(min(max(width_in, BATCH_MIN_IN), BATCH_MAX_IN))
     batches, config = preview["batches"], preview["config"]
     specs = {name: collator_spec(name) for name in batches}
     # Every collator but the packed-rows ones batches the same first examples; those regroup the whole dataset.
@@ -270,39 +378,64 @@ def batch_figure(preview: dict) -> Figure:
     padded = next((batches[name] for name in unpacked if specs[name].layout == "padded"), _padded_view(lengths))
     flat = next((batches[name] for name in unpacked if specs[name].layout == "packed"), _flat_view(lengths))
     packed_rows = next((name for name, spec in specs.items() if spec.packed_rows), None)
-    # Top to bottom: padded grid, flattened row, its position_ids, BFD rows if selected, then the four masks. The
-    # layout is fixed in inches (spacer rows hold titles and axis labels) rather than solved by constrained layout,
-    # which measures every text twice and doubled the time to the first picture.
-    rows = [("space", 0.55), ("space", 0.35), ("padded", min(len(lengths), MAX_GRID_ROWS) * 0.28 + 0.3),
-            ("space", 1.15), ("flat", 0.9), ("space", 0.35), ("positions", 0.8), ("space", 0.5)]
+    wrap = functools.partial(_wrap, width=layout.wrap)
+    titles = {
+        "figure": wrap(f"The first batch ({len(lengths)} examples) as each collator builds it, and the attention each "
+                       f"path computes for it ({preview['attention']} attention on {preview['device']})",
+                       width=int(layout.wrap * TITLE_PT / FIGURE_TITLE_PT)),
+        "padded": wrap(_padded_title(padded)), "flat": wrap(_flat_title(flat)),
+        "positions": wrap("position_ids restart at 0 at each boundary, as if each example were alone"),
+    }
     if packed_rows is not None:
-        row_count = len(batches[packed_rows]["row_lengths"])
-        rows += [("space", 0.6), ("packed_rows", row_count * 0.28 + 0.3), ("space", 0.5)]
-    rows += [("space", 0.75), ("masks", 3.4), ("space", 1.0)]
-    heights = [height for _, height in rows]
-    figure = Figure(figsize=(16, sum(heights)), dpi=FIGURE_DPI)
-    grid = figure.add_gridspec(len(rows), 1, height_ratios=heights, hspace=0, left=0.05, right=0.88, top=1, bottom=0)
-    slot = {name: index for index, (name, _) in enumerate(rows) if name != "space"}
-    _draw_padded(figure.add_subplot(grid[slot["padded"]]), padded)
-    flat_axes = figure.add_subplot(grid[slot["flat"]])
-    _draw_flattened(flat_axes, figure.add_subplot(grid[slot["positions"]], sharex=flat_axes), flat)
-    if packed_rows is not None:
-        _draw_packed_rows(figure.add_subplot(grid[slot["packed_rows"]]), packed_rows, batches[packed_rows],
-                          config["max_length"])
-    masks = grid[slot["masks"]].subgridspec(1, len(_MASK_PANELS), wspace=0.35)
+        titles["packed_rows"] = wrap(_packed_rows_title(packed_rows, batches[packed_rows], config["max_length"]))
     in_use = _panels_in_use(config["collators"], preview["attention"])
-    for index, (panel, title, score_key) in enumerate(_MASK_PANELS):
-        _draw_mask(figure.add_subplot(masks[index]), preview, lengths, panel, title, score_key, in_use.get(panel, []))
-    figure.suptitle(
-        f"The first batch ({len(lengths)} examples) as each collator builds it, and the attention each "
-        f"path computes for it ({preview['attention']} attention on {preview['device']})",
-        fontsize=12, x=0.01, y=1 - 0.15 / sum(heights), ha="left", va="top")
-    figure.legend(
-        handles=[Patch(color=_example_color(i), label=f"example {i}") for i in range(min(4, len(lengths)))]
-        + [Patch(color=PAD_COLOR, label="padding / masked: computed, then wasted"),
-           Patch(color=LEAK_COLOR, label="attention leaking across examples"),
-           Line2D([], [], color=LABEL_MASK_COLOR, marker="^", linestyle="none", label="label -100: not trained on")],
-        loc="lower center", ncols=7, fontsize=8.5, frameon=False)
+    masks = [(panel, wrap(_mask_title(preview, title, score_key), width=layout.mask_wrap), in_use.get(panel, []),
+              wrap(_used_by_text(in_use.get(panel, [])), width=layout.mask_wrap))
+             for panel, title, score_key in _MASK_PANELS]
+    legend = [Patch(color=_example_color(i), label=f"example {i}") for i in range(min(4, len(lengths)))] + [
+        Patch(color=PAD_COLOR, label="padding / masked: computed, then wasted"),
+        Patch(color=LEAK_COLOR, label="attention leaking across examples"),
+        Line2D([], [], color=LABEL_MASK_COLOR, marker="^", linestyle="none", label="label -100: not trained on")]
+
+    # Top to bottom, in inches: each panel with the room its title (above) and axis labels (below) need. The layout
+    # is computed here rather than solved by constrained layout, which measures every text twice and doubled the
+    # time to the first picture.
+    rows = [("space", _height_in(titles["figure"], FIGURE_TITLE_PT) + 0.3),
+            ("space", _height_in(titles["padded"], TITLE_PT) + 0.1),
+            ("padded", min(len(lengths), MAX_GRID_ROWS) * 0.28 + 0.3), ("space", 0.55),
+            ("space", _height_in(titles["flat"], TITLE_PT) + 0.1), ("flat", 0.95),
+            ("space", _height_in(titles["positions"], LABEL_PT) + 0.2), ("positions", 0.8), ("space", 0.55)]
+    if packed_rows is not None:
+        rows += [("space", _height_in(titles["packed_rows"], TITLE_PT) + 0.1),
+                 ("packed_rows", len(batches[packed_rows]["row_lengths"]) * 0.28 + 0.3), ("space", 0.55)]
+    mask_in = min(3.4, layout.width_in * 0.88 / layout.mask_columns - 0.75)
+    groups = [masks[i:i + layout.mask_columns] for i in range(0, len(masks), layout.mask_columns)]
+    for index, group in enumerate(groups):
+        rows += [("space", max(_height_in(title, LABEL_PT) for _, title, _, _ in group) + 0.25),
+                 (f"masks {index}", mask_in),
+                 ("space", 1.0 + max(_height_in(text, LABEL_PT) for *_, text in group))]
+    rows.append(("space", -(-len(legend) // layout.legend_columns) * _height_in("", LABEL_PT) * 1.2 + 0.2))
+    heights = [height for _, height in rows]
+    figure = Figure(figsize=(layout.width_in, sum(heights)), dpi=layout.dpi)
+    grid = figure.add_gridspec(len(rows), 1, height_ratios=heights, hspace=0, left=0, right=1, top=1, bottom=0)
+    slot = {name: grid[index] for index, (name, _) in enumerate(rows) if name != "space"}
+    _draw_padded(_row_axes(figure, slot["padded"], layout), padded, titles["padded"])
+    flat_axes = _row_axes(figure, slot["flat"], layout)
+    _draw_flattened(flat_axes, _row_axes(figure, slot["positions"], layout, sharex=flat_axes), flat, titles["flat"],
+                    titles["positions"], layout.boundary_labels)
+    if packed_rows is not None:
+        # Other examples than the padded grid's: their colours continue after the first batch's.
+        _draw_packed_rows(_row_axes(figure, slot["packed_rows"], layout), batches[packed_rows], config["max_length"],
+                          titles["packed_rows"], first_color=len(lengths))
+    for index, group in enumerate(groups):
+        # room on the left for the first mask's tick and axis labels
+        cells = _inset(slot[f"masks {index}"], MASK_LEFT_IN / layout.width_in, 0.97).subgridspec(
+            1, layout.mask_columns, wspace=0.45)
+        for cell, (panel, title, used_by, used_by_text) in zip(cells, group):
+            _draw_mask(figure.add_subplot(cell), lengths, panel, title, used_by, used_by_text, layout.mask_ticks)
+    figure.suptitle(titles["figure"], fontsize=FIGURE_TITLE_PT, x=0.01, y=1 - 0.15 / sum(heights), ha="left",
+                    va="top")
+    figure.legend(handles=legend, loc="lower center", ncols=layout.legend_columns, fontsize=LABEL_PT, frameon=False)
     return figure
 
 
@@ -311,10 +444,10 @@ def batch_figure(preview: dict) -> Figure:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lengths_figure(preview: dict) -> Figure:
+def lengths_figure(preview: dict, width_in: float = LENGTHS_WIDTH_IN) -> Figure:
     lengths = np.asarray(preview["lengths"])
     stats = preview["dataset_stats"]
-    figure = Figure(figsize=(7.5, 4.2), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.2), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     axes.hist(lengths, bins=min(50, max(10, len(lengths) // 5)), color="#4e79a7", alpha=0.85)
     for name, value, style in (("mean", stats["mean"], "-"), ("p50", stats["p50"], "--"),
@@ -329,14 +462,24 @@ def lengths_figure(preview: dict) -> Figure:
         summary += f"\n{stats['truncated']} cut to max length {preview['config']['max_length']}"
     axes.text(0.98, 0.55, summary, transform=axes.transAxes, ha="right", va="top", fontsize=8,
               bbox={"facecolor": "white", "edgecolor": "#cccccc"})
-    axes.set_title(f"{stats['name']}: example lengths. Padding pays for the longest example in every batch;\n"
-                   f"the wider this spread, the more packing saves", fontsize=10)
+    _title(axes, f"{stats['name']}: example lengths. Padding pays for the longest example in every batch;\n"
+                 f"the wider this spread, the more packing saves", width_in, 10)
     return figure
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Results of a run
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def _title(axes, text: str, width_in: float, fontsize: float) -> None:
+    """A title wrapped to the figure's width (the texts are written for a desktop's)."""
+    axes.set_title(_wrap(text, int(width_in * TITLE_CHARS_PER_IN * 10 / fontsize)), fontsize=fontsize)
+
+
+def _roomy(width_in: float, bars: int, label_in: float) -> bool:
+    """Whether each collator's bars have room for a label `label_in` wide (a phone with seven collators has not)."""
+    return width_in * 0.8 / bars >= label_in
 
 
 def _result_label(result: dict) -> str:
@@ -350,25 +493,28 @@ def _collator_ticks(axes, positions: list[float], labels: list[str]) -> None:
                     ha="right" if slanted else "center", rotation_mode="anchor")
 
 
-def throughput_figure(document: dict) -> Figure:
+def throughput_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
     results = document["results"]
     if not results:
-        return _text_figure("No collator has finished yet.")
+        return _text_figure("No collator has finished yet.", width_in)
     comparison = document["comparison"]
-    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     names = [result["collator"] for result in results]
     rates = [result["tokens_per_s"] for result in results]
     bars = axes.bar(range(len(results)), rates, color=[collator_spec(n).color for n in names],
                     hatch=["//" if r.get("partial") else "" for r in results], edgecolor="white")
+    roomy = _roomy(width_in, len(results), 0.8)
     for bar, result in zip(bars, results):
         entry = comparison[result["collator"]]
         speedup = entry["speedup_vs_padded"]
         text = f"{result['tokens_per_s']:,.0f} tok/s" if speedup is None else f"{speedup:.2f}×"
         axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 1.01, text, ha="center", va="bottom",
-                  fontsize=11, fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
-        axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2,
-                  f"{result['samples_per_s']:.1f}\nsamples/s", ha="center", va="center", fontsize=8, color="white")
+                  fontsize=11 if roomy else 8.5, fontweight="bold",
+                  bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+        if roomy:  # else the results table has them
+            axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2,
+                      f"{result['samples_per_s']:.1f}\nsamples/s", ha="center", va="center", fontsize=8, color="white")
     padded = next((r for r in results if r["collator"] == BASELINE), None)
     if padded is not None:
         ideal = padded["tokens_per_s"] * document["ideal_speedup"]
@@ -380,15 +526,18 @@ def throughput_figure(document: dict) -> Figure:
         axes.set_ylim(0, max(rates) * 1.18)
     _collator_ticks(axes, list(range(len(results))), [_result_label(r) for r in results])
     axes.set_ylabel("real tokens per second (padding not counted)")
-    axes.set_title("Throughput on the same examples, same steps\n(bar label: speedup over padded)", fontsize=10)
+    _title(axes, "Throughput on the same examples, same steps\n(bar label: speedup over padded)", width_in, 10)
     return figure
 
 
-def loss_figure(document: dict) -> Figure:
+def loss_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
     results = document["results"]
     if not results:
-        return _text_figure("No collator has finished yet.")
-    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+        return _text_figure("No collator has finished yet.", width_in)
+    # The legend goes under the axes, where seven collators' names do not cover the curves.
+    columns = 2 if width_in >= RESULT_WIDTH_IN else 1
+    figure = Figure(figsize=(width_in, 4.2 + 0.2 * -(-len(results) // columns)), dpi=FIGURE_DPI,
+                    layout="constrained")
     axes = figure.add_subplot()
     for result in results:
         name = result["collator"]
@@ -402,9 +551,9 @@ def loss_figure(document: dict) -> Figure:
     # Identical curves span a tiny range; matplotlib would then label the axis "1e-7 + 5.93" instead of the loss.
     axes.ticklabel_format(axis="y", useOffset=False)
     axes.xaxis.get_major_locator().set_params(integer=True)
-    axes.legend(fontsize=8)
-    axes.set_title("Loss per step: correct packing trains exactly like padding\n"
-                   "(naive concat differs: its examples see each other)", fontsize=10)
+    figure.legend(fontsize=8, loc="outside lower center", ncols=columns, frameon=False)
+    _title(axes, "Loss per step: correct packing trains exactly like padding\n"
+                 "(naive concat differs: its examples see each other)", width_in, 10)
     return figure
 
 
@@ -417,15 +566,16 @@ def _memory_error_label(memory: dict) -> str:
     return f"est. {(estimate - total) / total:+.0%}*" if estimate and total else ""
 
 
-def memory_figure(document: dict) -> Figure:
+def memory_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
     """Per collator a pair of stacked bars: the estimate (hatched) and the measurement (solid)."""
     results = [result for result in document["results"] if (result.get("memory") or {}).get("estimate")]
     if not results:
         return _text_figure("Memory breakdown: not available for this run.\n"
-                            "(The engine returned no per-category memory numbers.)", 6.5, 4.6)
-    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+                            "(The engine returned no per-category memory numbers.)", width_in, 4.6)
+    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     not_measured: set[str] = set()
+    roomy = _roomy(width_in, len(results), 0.6)
     for index, result in enumerate(results):
         memory = result["memory"]
         top = 0.0
@@ -441,16 +591,17 @@ def memory_figure(document: dict) -> Figure:
                 bottom += value / MB
             top = max(top, bottom)
         measured_total = sum(v for v in (memory.get("measured") or {}).values() if v is not None) / MB
-        axes.text(index, top, f"{measured_total:,.1f} MB\n{_memory_error_label(memory)}", ha="center",
-                  va="bottom", fontsize=8)
+        axes.text(index, top, f"{measured_total:,.{1 if roomy else 0}f} MB\n{_memory_error_label(memory)}",
+                  ha="center", va="bottom", fontsize=8 if roomy else 7)
     _collator_ticks(axes, list(range(len(results))), [_result_label(result) for result in results])
     axes.set_ylabel("MB at the peak of a step")
     handles = [Patch(color=color, label=category) for category, color in MEMORY_CATEGORY_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (left bar)"))
-    axes.legend(handles=handles, fontsize=7.5, ncols=2, loc="upper left")
+    figure.legend(handles=handles, fontsize=7.5, ncols=4 if width_in >= RESULT_WIDTH_IN else 2,
+                  loc="outside lower center", frameon=False)
     note = (f"\n* error over the measured categories ({', '.join(sorted(not_measured))} not measurable here)"
             if not_measured else "")
-    axes.set_title(f"Memory at the peak of a training step, per category\n"
-                   f"(left, hatched: estimate; right, solid: measured){note}", fontsize=9.5)
-    axes.set_ylim(0, axes.get_ylim()[1] * 1.45)  # room for the legend above the tallest bar
+    _title(axes, f"Memory at the peak of a training step, per category\n"
+                 f"(left, hatched: estimate; right, solid: measured){note}", width_in, 9.5)
+    axes.set_ylim(0, axes.get_ylim()[1] * 1.12)  # room for the labels above the tallest bar
     return figure
