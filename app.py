@@ -83,11 +83,12 @@ def begin_run() -> tuple:
 
 
 def end_run() -> gr.Button:
-    return gr.Button(interactive=True)  # however the run ended: done, stopped or failed
+    return gr.Button(interactive=True)  # done, or stopped
 
 
-def run_failed(run: dict) -> tuple[str, dict]:
-    return "The run did not finish: see the message.", provenance.run_failed(run)
+def run_failed(run: dict) -> tuple:
+    """The run raised (its message is on screen): Run comes back, and section 2's line says so."""
+    return end_run(), "The run did not finish: see the message.", provenance.run_failed(run)
 
 
 def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: Upload | None) -> str:
@@ -329,7 +330,8 @@ def _wire(demo, bar, inputs, views, shown_preview, shown_run, picture_px) -> Non
         for choice, chip in field.chips.items():
             chip.click(None, js=f"() => {json.dumps(choice)}", outputs=field.box).then(**preview_options)
     gr.on([shown_preview.change, shown_run.change], provenance.lines, inputs=[shown_preview, shown_run],
-          outputs=[views.batch_source, views.results_source], **instant)
+          outputs=[views.batch_source, views.results_source], queue=False, show_progress="hidden",
+          api_visibility="private")
     demo.load(history_table, outputs=views.history, api_visibility="private")  # every load: survives restarts
 
     training = bar.run_button.click(begin_run, **instant,
@@ -338,8 +340,10 @@ def _wire(demo, bar, inputs, views, shown_preview, shown_run, picture_px) -> Non
                         api_visibility="private", concurrency_id="training", show_progress_on=[bar.progress],
                         outputs=[bar.status, views.summary, *preview_outputs, *result_outputs, shown_preview,
                                  shown_run, views.history, inputs.upload])
-    run.then(end_run, outputs=bar.run_button, **instant)
-    run.failure(run_failed, inputs=shown_run, outputs=[bar.status, shown_run], **instant)
+    # Gradio 6.31's page follows a failed event with its `.failure` listeners only (not `.then`, whatever its docs
+    # say), so each ending gives Run back on its own.
+    run.success(end_run, outputs=bar.run_button, **instant)
+    run.failure(run_failed, inputs=shown_run, outputs=[bar.run_button, bar.status, shown_run], **instant)
     bar.stop_button.click(request_stop, outputs=bar.status, api_visibility="private", concurrency_limit=None,
                           concurrency_id="stop")
     views.history.select(show_history_run, inputs=picture_px, js=page.WITH_PICTURE_WIDTH, **in_preview_group,
