@@ -52,7 +52,7 @@ ROW_NAMES_IN, ROW_LABELS_IN = 0.6, 2.1  # left and right of a row panel: "row 3"
 CHARS_PER_IN, MASK_CHARS_PER_IN = 11, 12  # characters per inch of width of a title (TITLE_PT), a mask's (LABEL_PT)
 TITLE_CHARS_PER_IN = 10  # the same for a results figure's centred title at 10 pt
 WIDE_FROM_IN = 9  # narrower batch pictures put two masks side by side instead of four
-BATCH_MIN_IN, BATCH_MAX_IN = 4.4, 16  # narrower cannot hold two masks, wider has nothing more to show
+BATCH_MIN_IN, BATCH_MAX_IN = 4, 16  # narrower cannot hold two masks, wider has nothing more to show
 
 
 def _example_color(index: int):
