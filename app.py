@@ -180,8 +180,8 @@ def show_history_run(selection: gr.SelectData, request: gr.Request, picture_px: 
     if missing:
         batch, lengths, cost = None, None, f"*{missing[0].upper()}{missing[1:]}.*"
     model, dataset, *rest = settings  # the upload box, between them, is emptied: the run's data is its dataset
-    return (report.headline(document, attention_why=attention_why), model, dataset, None, *rest, batch, lengths,
-            cost, provenance.preview_shown(config, None, missing),
+    return (f"*Run {entry.run_id} from the history*\n\n" + report.headline(document, attention_why=attention_why),
+            model, dataset, None, *rest, batch, lengths, cost, provenance.preview_shown(config, None, missing),
             provenance.run_saved(entry.run_id, entry.saved_at, document),
             *views.result_views(document, entry.run_id, picture_px))
 
