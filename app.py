@@ -8,9 +8,9 @@ dataset_file); `/history` (the saved runs this client may see, one summary each)
 What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
 and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
 time plan and saving (`runs`); so do the page's parts: its widgets (`layout`), look (`page`), views (`views`) and the
-line that says which settings each section shows (`provenance`). Limits come from the environment (`demo_core.Limits.from_env()`); local model and data
-paths typed into the page or the API must lie under PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs
-are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
+line that says which settings each section shows (`provenance`). Limits come from the environment
+(`demo_core.Limits.from_env()`); local model and data paths typed into the page or the API must lie under
+PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 """
 
 from __future__ import annotations
@@ -66,11 +66,12 @@ def show_preview(model, dataset, upload, samples, collators, steps, batch_size, 
         return
     preview = demo_core.preview(prepare_inputs(Upload.from_value(upload), model, dataset, samples, collators, steps,
                                                batch_size, attention, seed, max_length, precision, optimizer))
-    yield views.batch_picture(preview, picture_px), gr.skip(), gr.skip(), provenance.preview_shown(preview["config"], inputs)
+    shown = provenance.preview_shown(preview["config"], inputs)
+    yield views.batch_picture(preview, picture_px), gr.skip(), gr.skip(), shown
     yield gr.skip(), *views.lengths_views(preview, picture_px), gr.skip()
 
 
-def preview_failed(*inputs_and_shown) -> dict | None:
+def preview_failed(*inputs_and_shown) -> dict:
     """The current inputs could not be drawn: the line over the picture says it still shows the previous ones."""
     *inputs, shown = inputs_and_shown
     return provenance.preview_failed(shown, inputs)
@@ -359,6 +360,7 @@ def _wire(demo, bar, inputs, views, shown_preview, shown_run, picture_px) -> Non
 
 
 demo = build_demo()
+
 
 def launch(**overrides):
     """Starts the server on the offline defaults; tests pass `prevent_thread_lock=True` and a free port."""

@@ -172,9 +172,9 @@ def history_row(summary: dict) -> list:
     best = summary["best_speedup"]
     return [summary["run_id"], "–" if best is None else f"{best:.2f}×",
             "stopped (partial)" if summary["partial"] else "complete",
-            summary["saved_at"].replace("T", " ").replace("+00:00", ""), summary["model"], Path(summary["dataset"]).name,
-            summary["samples"], ", ".join(summary["collators"]), summary["steps"], summary["batch_size"],
-            summary["attention"]]
+            summary["saved_at"].replace("T", " ").replace("+00:00", ""), summary["model"],
+            Path(summary["dataset"]).name, summary["samples"], ", ".join(summary["collators"]), summary["steps"],
+            summary["batch_size"], summary["attention"]]
 
 
 # ---- before training ---------------------------------------------------------------------------------------------

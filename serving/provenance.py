@@ -29,9 +29,11 @@ def preview_shown(config: dict, inputs: list, missing: str | None = None) -> dic
     return {"settings": settings_of(config), "inputs": inputs, "failed_inputs": None, "missing": missing}
 
 
-def preview_failed(shown: dict | None, inputs: list) -> dict | None:
-    """The preview of `inputs` failed (its message is on screen): the picture is still the previous one."""
-    return None if shown is None else {**shown, "failed_inputs": inputs}
+def preview_failed(shown: dict | None, inputs: list) -> dict:
+    """The preview of `inputs` failed (its message is on screen): the picture is still the previous one, if any."""
+    if shown is None:
+        return {"settings": None, "inputs": None, "failed_inputs": inputs, "missing": None}
+    return {**shown, "failed_inputs": inputs}
 
 
 def is_shown(shown: dict | None, inputs: list) -> bool:
@@ -61,7 +63,7 @@ def run_empty() -> dict:
 
 
 def describe(settings: dict) -> str:
-    """The settings in one line: `tiny-llama · flan-like · 256 samples · padded, flatten · 20 steps · batch 8 …`."""
+    """The settings in one line: `tiny-llama · flan-like · 256 samples · padded, flatten · 20 steps …`."""
     return " · ".join([
         f"`{settings['model']}`", f"`{settings['dataset']}`", f"{settings['samples']} samples",
         ", ".join(settings["collators"] or []), f"{settings['steps']} steps", f"batch {settings['batch_size']}",
@@ -84,6 +86,8 @@ def _run_name(run: dict) -> str:
 def preview_line(shown: dict | None, run: dict) -> str:
     if shown is None:
         return "Drawing the batch of the current settings…"
+    if shown["settings"] is None:
+        return "⚠ **The current inputs could not be drawn** (see the message): no batch is shown."
     if shown["missing"]:
         line = f"**Not drawn:** {shown['missing']}. Settings: {describe(shown['settings'])}."
     else:

@@ -35,6 +35,9 @@ def test_a_failed_preview_says_the_picture_is_still_the_previous_one_and_is_not_
     assert provenance.is_shown(failed, bad) and provenance.is_shown(failed, INPUTS)  # a blur does not redraw either
     assert not provenance.is_shown(failed, ["tiny-qwen2", *INPUTS[1:]])
     assert not provenance.is_shown(None, INPUTS)
+    nothing_yet = provenance.preview_failed(None, bad)  # the page's first preview failed: there is no picture
+    assert "no batch is shown" in provenance.lines(nothing_yet, saved_run())[0]
+    assert provenance.is_shown(nothing_yet, bad) and not provenance.is_shown(nothing_yet, INPUTS)
 
 
 def test_the_results_line_follows_a_run_from_click_to_saved():
