@@ -16,7 +16,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from demo_core import plots
+from demo_core import batch_picture, plots
 
 HERE = Path(__file__).parent
 CSS_PATH = HERE / "page.css"
@@ -35,7 +35,7 @@ THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
     checkbox_label_background_fill_selected="*primary_600")
 
 
-def figure_width_in(picture_px: float | None, widest_in: float = plots.BATCH_MAX_IN) -> float:
+def figure_width_in(picture_px: float | None, widest_in: float = batch_picture.BATCH_MAX_IN) -> float:
     """A figure's width in inches, given the CSS pixels the batch picture is shown at: the picture's own width (its
     text then reads at about its size in points), capped at `widest_in` for the figures that share a row on a
     desktop; the widest when the browser did not say."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo_core import plots, report
+from demo_core import batch_picture as picture, plots, report
 
 from . import downloads, page
 
 
 def batch_picture(preview: dict, picture_px: float | None):
-    return plots.batch_figure(preview, page.figure_width_in(picture_px))
+    return picture.batch_figure(preview, page.figure_width_in(picture_px))
 
 
 def lengths_views(preview: dict, picture_px: float | None) -> tuple:

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import demo_core
-from demo_core import plots
+from demo_core import batch_picture, plots
 
 CONFIG = demo_core.RunConfig(samples=32, steps=3, batch_size=4, max_length=256,
                              collators=("padded", "flatten", "naive-concat", "bfd"))
@@ -37,7 +37,7 @@ def _renders(figure: Figure) -> None:
 
 
 def test_batch_figure_labels_the_engine_numbers(preview):
-    figure = plots.batch_figure(preview)
+    figure = batch_picture.batch_figure(preview)
     _renders(figure)
     texts = _texts(figure)
     flat, padded, bfd = (preview["batches"][name] for name in ("flatten", "padded", "bfd"))
@@ -54,17 +54,17 @@ def test_batch_figure_labels_the_engine_numbers(preview):
 def test_mask_images_compute_what_each_path_computes(preview):
     lengths = sorted(preview["lengths"])[:3]  # the shortest examples of the run
     total = sum(lengths)
-    assert total <= plots.MASK_PIXELS  # one pixel per token, so cells can be counted exactly
+    assert total <= batch_picture.MASK_PIXELS  # one pixel per token, so cells can be counted exactly
     causal_pairs = sum(n * (n + 1) // 2 for n in lengths)
-    varlen = plots._mask_image(lengths, "varlen")
-    naive = plots._mask_image(lengths, "naive")
-    dense = plots._mask_image(lengths, "dense")
+    varlen = batch_picture._mask_image(lengths, "varlen")
+    naive = batch_picture._mask_image(lengths, "naive")
+    dense = batch_picture._mask_image(lengths, "dense")
     assert (varlen >= 2).sum() == (naive >= 2).sum() == (dense >= 2).sum() == causal_pairs
-    assert (varlen == plots.MASKED).sum() == 0  # varlen computes nothing it throws away
-    assert (dense == plots.NOT_COMPUTED).sum() == 0  # the dense mask computes all T x T scores
-    assert (naive == plots.LEAK).sum() == total * (total + 1) // 2 - causal_pairs
-    padded = plots._mask_image(lengths, "padded")
-    assert (padded != plots.NOT_COMPUTED).sum() == len(lengths) * max(lengths) ** 2
+    assert (varlen == batch_picture.MASKED).sum() == 0  # varlen computes nothing it throws away
+    assert (dense == batch_picture.NOT_COMPUTED).sum() == 0  # the dense mask computes all T x T scores
+    assert (naive == batch_picture.LEAK).sum() == total * (total + 1) // 2 - causal_pairs
+    padded = batch_picture._mask_image(lengths, "padded")
+    assert (padded != batch_picture.NOT_COMPUTED).sum() == len(lengths) * max(lengths) ** 2
 
 
 def test_lengths_figure_counts_every_example(preview):
@@ -156,14 +156,14 @@ def _cut_off(figure: Figure) -> list[str]:
             if not (inside.contains(*extent.min) and inside.contains(*extent.max))]
 
 
-@pytest.mark.parametrize("width_in", [PHONE_IN, 9, plots.BATCH_MAX_IN])
+@pytest.mark.parametrize("width_in", [PHONE_IN, 9, batch_picture.BATCH_MAX_IN])
 def test_the_batch_picture_keeps_every_text_inside_and_readable_at_any_width(every_collator, width_in):
     preview, _ = every_collator
-    figure = plots.batch_figure(preview, width_in)
+    figure = batch_picture.batch_figure(preview, width_in)
     assert figure.get_size_inches()[0] == pytest.approx(width_in)
     assert _cut_off(figure) == []
     # The page shows a figure at FIGURE_DPI CSS pixels per inch, so a p-point text is ~1.1 p pixels high.
-    assert min(text.get_fontsize() for text in _drawn_texts(figure)) >= plots.SMALL_PT
+    assert min(text.get_fontsize() for text in _drawn_texts(figure)) >= batch_picture.SMALL_PT
     texts = _texts(figure)
     assert "trl-bfd" in texts and "used by" in texts  # the packed rows and every mask's users are drawn
 

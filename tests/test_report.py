@@ -7,7 +7,7 @@ import json
 import pytest
 
 import demo_core
-from demo_core import plots, report
+from demo_core import batch_picture, plots, report
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,8 @@ def test_loss_axis_shows_losses_not_an_offset_when_curves_coincide(document):
 
 def test_batch_title_counts_the_examples_drawn(prepared):
     preview = demo_core.preview(prepared)
-    texts = "\n".join(t.get_text() for t in plots.batch_figure(preview).findobj(lambda a: hasattr(a, "get_text")))
+    figure = batch_picture.batch_figure(preview)
+    texts = "\n".join(t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text")))
     assert "The first batch (4 examples)" in texts
 
 
