@@ -5,11 +5,12 @@ Public API (what the CLI and the app use; nothing here imports gradio):
 - `prepare(RunConfig) -> Prepared`, then `preview(prepared)` for the no-training views and
   `run_comparison(prepared) -> Comparison` (its `.to_dict()` is the JSON document); both also take a RunConfig;
 - `COLLATORS` (the collator registry), the choices for the other settings, `PRESETS`, `BUILTIN_DATASETS`;
-- `plots` (figures) and `report` (tables and sentences shared by the CLI and the page), `RunHistory`;
+- `batch_picture` and `plots` (figures), `report` (tables and sentences shared by the CLI and the page),
+  `RunHistory`;
 - `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads.
 """
 
-from . import plots, report
+from . import batch_picture, plots, report
 from .anatomy import initialize_profiler
 from .collators import COLLATORS, CollatorSpec
 from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
@@ -22,5 +23,5 @@ from .results import Comparison, Result, write_json
 
 __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
            "HistoryEntry", "Limits", "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Prepared", "Result",
-           "RunConfig", "RunHistory", "data_dir", "initialize_profiler", "plots", "prepare", "preview", "report",
-           "run_comparison", "write_json"]
+           "RunConfig", "RunHistory", "batch_picture", "data_dir", "initialize_profiler", "plots", "prepare", "preview",
+           "report", "run_comparison", "write_json"]

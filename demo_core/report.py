@@ -1,7 +1,10 @@
 """Presentation of a run document, shared by the CLI and the page, so both show the same numbers the same way.
 
-- `RESULT_COLUMNS`: one column per number of the results table (page table, CSV and the CLI's table);
-- `headline`: one sentence per packing collator (speedup against both ideals, the loss, the flags in words);
+- `RESULT_COLUMNS`: one column per number of the results table (page table, CSV and the CLI's table), the key ones
+  first (a phone shows the first few without scrolling);
+- `headline`: one line per collator, its numbers next to why they look that way (the registry's `why`), and the
+  attention path's;
+- `contamination_title`: what the contamination table checks, or why it is empty;
 - `FLAG_WORDS`: what each comparison flag means, for the page's table, the headline and the CLI;
 - `anatomy_table` / `anatomy_markdown`: where a profiled step's time went, and why the speedup misses its ideal;
 - `run_summary`: one saved run in a line (the page's history table and the `/history` API);
@@ -60,23 +63,23 @@ def flags_in_words(entry: dict) -> list[str]:
 
 RESULT_COLUMNS = (
     Column("collator", lambda r, c: r["collator"] + (" (partial)" if r["partial"] else ""), "{}"),
-    Column("attention", lambda r, c: r["attention"], "{}", in_terminal=False),
-    Column("steps", lambda r, c: r["steps"], "{}"),
-    Column("timed steps", lambda r, c: r.get("timed_steps"), "{}"),
-    Column("pad fraction", lambda r, c: r["pad_fraction"], "{:.1%}"),
-    Column("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),
-    Column("samples/s", lambda r, c: r["samples_per_s"], "{:.1f}"),
-    Column("median step ms", lambda r, c: None if r["step_time_median_s"] is None else r["step_time_median_s"] * 1000,
-           "{:.0f}"),
     Column("speedup vs padded", lambda r, c: c["speedup_vs_padded"], "{:.2f}×"),
     Column("speedup range", lambda r, c: c.get("speedup_range"), "{0[0]:.2f}–{0[1]:.2f}×"),
     Column("ideal speedup", lambda r, c: c["ideal_speedup"], "{:.2f}×"),
     Column("work ideal", lambda r, c: c.get("work_ideal_speedup"), "{:.2f}×"),
     Column("max |Δloss| vs padded", lambda r, c: c["max_abs_loss_diff_vs_padded"], "{:.1e}"),
-    Column("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
     Column("peak memory", lambda r, c: r["peak_memory_bytes"], human_bytes, csv_header="peak memory bytes"),
     # Short keys in the terminal's table (the words follow it), the words on the page and in the CSV.
     Column("flags", lambda r, c: "; ".join(flags_in_words(c)) or None, "{}", in_terminal=False),
+    Column("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),
+    Column("samples/s", lambda r, c: r["samples_per_s"], "{:.1f}"),
+    Column("median step ms", lambda r, c: None if r["step_time_median_s"] is None else r["step_time_median_s"] * 1000,
+           "{:.0f}"),
+    Column("pad fraction", lambda r, c: r["pad_fraction"], "{:.1%}"),
+    Column("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
+    Column("steps", lambda r, c: r["steps"], "{}"),
+    Column("timed steps", lambda r, c: r.get("timed_steps"), "{}"),
+    Column("attention", lambda r, c: r["attention"], "{}", in_terminal=False),
 )
 RESULT_HEADERS = [column.header for column in RESULT_COLUMNS]
 CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", "naive-concat max |Δlogit| vs alone"]
@@ -105,10 +108,27 @@ def contamination_table(document: dict) -> list[list]:
              f"{row['naive_concat_max_abs_logit_diff']:.1e}"] for row in document["contamination"]]
 
 
+CONTAMINATION_TITLE = ("Contamination check: logits of each example inside the packed row vs the example alone "
+                       "(≈1e-6 is float rounding; naive concat moves them by O(1))")
+
+
+def contamination_title(document: dict) -> str:
+    """The contamination table's title: what it checks, or, when it is empty, why."""
+    if document.get("contamination") or not document.get("partial"):
+        return CONTAMINATION_TITLE
+    return ("Contamination check: skipped, this run stopped before its last collator finished (the check runs only "
+            "after a complete run)")
+
+
 def best_speedup(document: dict) -> float | None:
     speedups = [entry["speedup_vs_padded"] for name, entry in document.get("comparison", {}).items()
                 if name != BASELINE and entry["speedup_vs_padded"] is not None]
     return max(speedups) if speedups else None
+
+
+def collator_key(name: str) -> str:
+    """A swatch in the collator's plot colour, so that its line of text points at its bar and its curve."""
+    return f'<span class="collator-key" style="background:{collator_spec(name).color}"></span>'
 
 
 def _speedup_sentence(entry: dict) -> str:
@@ -119,27 +139,41 @@ def _speedup_sentence(entry: dict) -> str:
             f"of an ideal {entry['ideal_speedup']:.2f}× by slots{work_text}")
 
 
-def headline(document: dict, seconds: float | None = None) -> str:
-    """One sentence per compared collator: the speedup against both ideals, the loss, and its flags (markdown)."""
-    lines = []
-    for result, entry in _rows(document):
-        if result["collator"] == BASELINE:
-            continue
-        if entry["speedup_vs_padded"] is None:
-            if entry.get("flags"):  # e.g. too few timed steps: say why there is no number
-                lines.append(f"**{result['collator']}**: no speedup. ⚠ " + "; ".join(flags_in_words(entry)))
-            continue
-        difference = entry["max_abs_loss_diff_vs_padded"]
-        loss = ("loss identical to padded" if difference is not None and difference < 1e-4
-                else f"loss differs from padded by up to {difference:.2f}")
-        warning = "".join(f" ⚠ {words}." for words in flags_in_words(entry))
-        lines.append(f"**{result['collator']}**: {_speedup_sentence(entry)}, {loss}.{warning}")
+def _numbers(result: dict, entry: dict) -> str:
+    """The collator's numbers in words, its flags last (each with ⚠)."""
+    warnings = "".join(f" ⚠ {words}." for words in flags_in_words(entry))
+    rate = ("no timed step" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:,.0f} real tokens/s")
+    if result["collator"] == BASELINE:
+        return f"{rate}, the baseline.{warnings}"
+    if entry["speedup_vs_padded"] is None:
+        return f"{rate}, no speedup.{warnings}"
+    difference = entry["max_abs_loss_diff_vs_padded"]
+    loss = ("loss identical to padded" if difference is not None and difference < 1e-4
+            else f"loss differs from padded by up to {difference:.2f}")
+    return f"{_speedup_sentence(entry)}, {loss}.{warnings}"
+
+
+def collator_lines(document: dict, attention_why: str | None = None) -> list[str]:
+    """Per collator of the run, its numbers and, in italics, why they look that way; then the attention path's
+    why, when known (it comes from the preview: a saved run does not record it)."""
+    lines = [f"{collator_key(result['collator'])} **{result['collator']}**: {_numbers(result, entry)} "
+             f"*{collator_spec(result['collator']).why}*" for result, entry in _rows(document)]
+    if attention_why:
+        lines.append(f"**{document['config'].get('resolved_attention')} attention**: *{attention_why}*")
+    return lines
+
+
+def headline(document: dict, seconds: float | None = None, attention_why: str | None = None) -> str:
+    """The run in a few lines (markdown): done or stopped, each collator's numbers and why, and what is missing."""
+    lines = collator_lines(document, attention_why)
+    compared = [name for name, entry in document["comparison"].items()
+                if name != BASELINE and entry["speedup_vs_padded"] is not None]
     selected = document["config"].get("collators", [])
     finished = [result["collator"] for result in document["results"]]
-    if not lines and document.get("partial"):
+    if not compared and document.get("partial"):
         missing = [name for name in selected if name not in finished]
         lines.append(f"Stopped before {', '.join(missing) or 'the end'} finished: no speedup to compare yet.")
-    elif not lines:
+    elif not compared:
         lines.append(f"Add `{BASELINE}` and a packing collator to see a speedup.")
     if document.get("partial") and not document.get("contamination"):
         lines.append("The contamination check was skipped: it runs only after a complete run.")
@@ -217,8 +251,9 @@ def _gap_sentences(document: dict) -> list[str]:
 
 # ---- saved runs -------------------------------------------------------------------------------------------------
 
-HISTORY_HEADERS = ["run id", "saved (UTC)", "model", "dataset", "samples", "collators", "steps", "batch",
-                   "attention", "best speedup", "status"]
+# The key columns first, as in the results table (the run id stays first: a picked row is found by it).
+HISTORY_HEADERS = ["run id", "best speedup", "status", "saved (UTC)", "model", "dataset", "samples", "collators",
+                   "steps", "batch", "attention"]
 
 
 def run_summary(run_id: str, saved_at: str, document: dict) -> dict:
@@ -236,10 +271,11 @@ def run_summary(run_id: str, saved_at: str, document: dict) -> dict:
 
 def history_row(summary: dict) -> list:
     best = summary["best_speedup"]
-    return [summary["run_id"], summary["saved_at"].replace("T", " ").replace("+00:00", ""), summary["model"],
+    return [summary["run_id"], "–" if best is None else f"{best:.2f}×",
+            "stopped (partial)" if summary["partial"] else "complete",
+            summary["saved_at"].replace("T", " ").replace("+00:00", ""), summary["model"],
             Path(summary["dataset"]).name, summary["samples"], ", ".join(summary["collators"]), summary["steps"],
-            summary["batch_size"], summary["attention"], "–" if best is None else f"{best:.2f}×",
-            "stopped (partial)" if summary["partial"] else "complete"]
+            summary["batch_size"], summary["attention"]]
 
 
 # ---- before training ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A user mistake (`demo_core.DemoInputError`) keeps its message; anything else is logged on the server (upload paths
 replaced by file names) and shown as "something went wrong" with its type only, since its message may name server
-internals.
+internals. The message stays on the page until the visitor closes it: one that vanished after a few seconds left a
+red mark and no reason.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ def as_ui_error(error: Exception) -> gr.Error:
     if isinstance(error, gr.Error):
         return error
     if isinstance(error, demo_core.DemoInputError):
-        return gr.Error(str(error), print_exception=False)
+        return gr.Error(str(error), duration=None, print_exception=False)
     logger.error("unexpected error", exc_info=error)
     return gr.Error(f"Something went wrong inside the app ({type(error).__name__}); the server log has the details.",
-                    print_exception=False)
+                    duration=None, print_exception=False)
 
 
 def user_errors(fn):

@@ -8,12 +8,13 @@ and on FLAN-like lengths is faster.
 import json
 import types
 
-import gradio
 import pytest
 from gradio_client import Client
 
 import demo_core
 from demo_core.history import RunHistory
+from serving import provenance
+from serving.api_docs import PreviewDocument, RunDocument, RunSummary
 
 SMALL_RUN = dict(samples=128, steps=10, batch_size=8)
 
@@ -23,7 +24,7 @@ def client(lab_app):
     return Client(lab_app.demo.local_url, verbose=False)
 
 
-def test_api_exposes_compare_preview_history_and_delete_runs_only(client, lab_app):
+def test_api_exposes_compare_preview_history_and_delete_runs_only(client):
     endpoints = client.view_api(return_format="dict", print_info=False)
     assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/delete_runs", "/plan"}
     assert not endpoints["unnamed_endpoints"]
@@ -35,10 +36,25 @@ def test_api_exposes_compare_preview_history_and_delete_runs_only(client, lab_ap
             "precision", "optimizer", "dataset_file"]
         assert all(p["parameter_has_default"] for p in parameters)
         assert parameters[-1]["python_type"]["type"] == "None | filepath"  # a file, sent with handle_file
-        _, descriptions, _ = gradio.utils.get_function_description(getattr(lab_app, name[1:]))
-        assert all(descriptions[p["parameter_name"]] for p in parameters), descriptions  # the API page's text
     assert not endpoints["named_endpoints"]["/history"]["parameters"]
     assert [p["parameter_name"] for p in endpoints["named_endpoints"]["/delete_runs"]["parameters"]] == ["run_ids"]
+
+
+def test_the_api_page_names_types_and_describes_every_parameter_and_return(client):
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    for endpoint in endpoints.values():
+        for parameter in endpoint["parameters"]:
+            # Gradio's own default is the position ("1st") and an empty description.
+            assert parameter["label"] == parameter["parameter_name"]
+            assert len(parameter["python_type"]["description"]) > 20, parameter
+        [returned] = endpoint["returns"]
+        assert returned["python_type"]["type"] != "Any" and len(returned["python_type"]["description"]) > 10
+    attention = next(p for p in endpoints["/compare"]["parameters"] if p["parameter_name"] == "attention")
+    assert attention["python_type"]["type"] == f"Literal[{', '.join(repr(a) for a in demo_core.ATTENTION_NAMES)}]"
+    assert endpoints["/compare"]["returns"][0]["python_type"]["type"].startswith("dict(config: dict(str, Any), ")
+    assert endpoints["/history"]["returns"][0]["python_type"]["type"].startswith("list[dict(run_id: str, ")
+    text = client.view_api(return_format="str", print_info=False)
+    assert 'api_name="/compare") -> document' in text and "collators: str" in text and "padded,flatten" in text
 
 
 def test_positional_calls_of_the_original_nine_arguments_still_work(client):
@@ -49,6 +65,7 @@ def test_positional_calls_of_the_original_nine_arguments_still_work(client):
     numbers = client.predict("tiny-llama", "orcamath-like", 12, "padded", 2, 4, "auto", 3, 512, "fp32", "sgd",
                              api_name="/preview")
     assert (numbers["config"]["precision"], numbers["config"]["optimizer"]) == ("fp32", "sgd")
+    assert set(numbers) == set(PreviewDocument.__annotations__)  # the type the API page shows is the real one
 
 
 def test_plan_answers_without_training(client):
@@ -72,6 +89,8 @@ def test_compare_with_defaults_gives_sane_numbers(client, lab_app):
     assert results["padded"]["losses"] == pytest.approx(results["flatten"]["losses"], abs=1e-4)
     saved = lab_app.HISTORY.entries()[-1]
     assert saved.document["results"] == document["results"]  # every completed run is kept
+    assert set(document) == set(RunDocument.__annotations__)  # the type the API page shows is the real one
+    assert set(client.predict(api_name="/history")[-1]) == set(RunSummary.__annotations__)
 
 
 def test_preview_matches_the_engine(client):
@@ -123,7 +142,7 @@ def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
     assert summary.startswith("### Stopped")
     saved = lab_app.HISTORY.entries()[-1].document
     assert saved["partial"] and saved["results"][0]["steps"] < 200 and saved["stop_reason"] == "stop"
-    assert history_rows[0][-1] == "stopped (partial)"
+    assert history_rows[0][demo_core.report.HISTORY_HEADERS.index("status")] == "stopped (partial)"
 
 
 def test_page_progress_counts_every_collators_steps_as_they_take_turns(lab_app):
@@ -167,13 +186,19 @@ def test_a_visitors_private_runs_are_listed_to_them_only_and_deleting_keeps_ever
     assert b'{"run_id": "torn"\n' in history.path.read_bytes()
 
 
-def test_picking_a_history_row_redraws_that_run(lab_app):
-    tiny = demo_core.RunConfig(samples=16, steps=2, batch_size=4)
+def test_picking_a_history_row_redraws_that_run_and_puts_its_settings_back_in_the_inputs(lab_app):
+    tiny = demo_core.RunConfig(samples=16, steps=2, batch_size=4, seed=5, optimizer="sgd",
+                               collators=("padded", "naive-concat"))
     entry = lab_app.HISTORY.append(demo_core.run_comparison(tiny).to_dict())
-    (summary, batch, lengths, cost, throughput, loss, memory, table, contamination, json_path, csv_path, anatomy,
-     anatomy_text) = lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]),
-                                              types.SimpleNamespace(session_hash="any visitor"))
-    assert entry.run_id in summary and batch is not None and "Before training" in cost
+    (headline, *widgets, batch, lengths, cost, shown_preview, shown_run, throughput, loss, memory, table,
+     contamination, json_path, csv_path, anatomy, anatomy_text) = lab_app.show_history_run(
+        types.SimpleNamespace(row_value=[entry.run_id]), types.SimpleNamespace(session_hash="any visitor"))
+    # The page's inputs, in its order: model, dataset, the upload box (emptied), samples, collators, steps, ...
+    assert widgets == ["tiny-llama", "flan-like", None, 16, ["padded", "naive-concat"], 2, 4, "auto", "auto", "sgd",
+                       5, tiny.max_length]
+    assert batch is not None and "Before training" in cost and "naive-concat" in headline
     assert anatomy is not None and "Backward / forward time" in anatomy_text
+    lines = provenance.lines(shown_preview, shown_run)
+    assert entry.run_id in lines[1] and "Not the settings" not in lines[0]  # both sections show that run
     assert [row[0] for row in table] == [result["collator"] for result in entry.document["results"]]
     assert json.loads(open(json_path).read())["results"] == entry.document["results"]

@@ -1,9 +1,13 @@
-"""The page in a real Chromium (Debian's package, driven by Playwright through its executable path).
+"""The page in a real Chromium (Debian's package, driven by Playwright through its executable path), at a desktop's
+size and at a phone's (390 x 844).
 
-Chooses options like a person would, runs a small comparison, waits for the figures, reads the speedup off the page,
-and saves a screenshot under test-artifacts/ (copy it to docs/screenshot.png to refresh the README's). Prints and
-saves the timings: page load -> first picture, click -> new picture, click -> comparison done. Then uploads a file
-in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes the run.
+Chooses options like a person would, runs small comparisons, and checks what a person would see: the picture and
+the numbers of the same run, Run off while it trains, a history click that puts that run's settings back, an error
+message that stays, a phone page without sideways scrolling whose Run stays in reach, every collator told apart,
+every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA). Saves screenshots and
+timings under test-artifacts/ (copy browser-run.png to docs/screenshot.png to refresh the README's). Then uploads a
+file in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes
+the run.
 """
 
 import json
@@ -13,16 +17,90 @@ from pathlib import Path
 
 import pytest
 
+import demo_core
+from serving.sessions import Session
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
+DESKTOP, PHONE = {"width": 1500, "height": 1000}, {"width": 390, "height": 844}
+RUN_TIMEOUT_MS = 600_000  # two shared cores: a run's time varies 2-3x from minute to minute
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
                                 "(apt-get install chromium; .ci/run installs it)")
 
 PICTURE_SOURCE = "() => document.querySelector('#batch-plot img')?.src ?? ''"
+RUN_DISABLED = "() => document.querySelector('#run').disabled"
+DONE = "() => /^(Done|Stopped)/.test(document.querySelector('#headline').innerText.trim())"
+# What sticks out of the window sideways: the page's own scroll width, and (since Gradio's container clips what
+# overflows it instead of scrolling) any element past the right edge that no box of its own scrolls or clips.
+OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const sticking = [];
+  for (const element of document.querySelectorAll('body *')) {
+    const box = element.getBoundingClientRect();
+    if (!box.width || !box.height || box.right <= width + 1) continue;
+    let held = false;
+    for (let node = element.parentElement; node && !node.classList.contains('gradio-container');
+         node = node.parentElement) {
+      const inWindow = node.getBoundingClientRect().right <= width + 1;
+      if (inWindow && ['auto', 'scroll', 'hidden', 'clip'].includes(getComputedStyle(node).overflowX)) {
+        held = true;
+        break;
+      }
+    }
+    if (!held) sticking.push(`${element.tagName}#${element.id}.${element.className}`.slice(0, 80));
+  }
+  return {page: Math.max(0, document.documentElement.scrollWidth - window.innerWidth), sticking};
+}"""
+NO_OVERFLOW = {"page": 0, "sticking": []}
+PLOT_ALTS = "() => [...document.querySelectorAll('[data-testid=matplotlib] img')].map(image => image.alt)"
+# Every visible text's contrast with what is behind it (WCAG 2: relative luminance, backgrounds blended upwards).
+CONTRASTS = """() => {
+  const rgba = (text) => { const [r, g, b, a = 1] = text.match(/[\\d.]+/g).map(Number); return {r, g, b, a}; };
+  const over = (top, below) => ({r: top.r * top.a + below.r * (1 - top.a), g: top.g * top.a + below.g * (1 - top.a),
+                                 b: top.b * top.a + below.b * (1 - top.a), a: 1});
+  const background = (element) => {
+    const layers = [];
+    for (let node = element; node; node = node.parentElement) {
+      const colour = rgba(getComputedStyle(node).backgroundColor);
+      if (colour.a > 0) layers.push(colour);
+      if (colour.a >= 1) break;
+    }
+    return layers.reverse().reduce((below, top) => over(top, below), {r: 255, g: 255, b: 255, a: 1});
+  };
+  const luminance = ({r, g, b}) => [r, g, b].map(v => v / 255)
+    .map(v => v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4)
+    .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const texts = [];
+  for (const element of document.querySelectorAll('body *')) {
+    const own = [...element.childNodes].some(node => node.nodeType === 3 && node.textContent.trim());
+    const style = getComputedStyle(element);
+    if (!own || !element.getClientRects().length || style.visibility === 'hidden' || element.closest(':disabled'))
+      continue;
+    const behind = background(element);
+    const [light, dark] = [luminance(over(rgba(style.color), behind)), luminance(behind)].sort((a, b) => b - a);
+    texts.push({ratio: (light + 0.05) / (dark + 0.05), text: element.textContent.trim().slice(0, 60),
+                info: element.classList.contains('info-text')});
+  }
+  return texts;
+}"""
+# Numbers in the tables ("2,048", "1.2e+00", "117.3 MB": digits, no word), each on one line: a text node drawn over
+# two lines has two client rects.
+BROKEN_NUMBERS = """() => [...document.querySelectorAll('#results, #contamination, #cost')].flatMap(table => {
+  const walker = document.createTreeWalker(table, NodeFilter.SHOW_TEXT);
+  const broken = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const number = /\\d/.test(node.textContent) && !/[a-z]{3}/i.test(node.textContent);
+    if (!number || !node.parentElement.closest('td')) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    if (range.getClientRects().length > 1) broken.push(node.textContent);
+  }
+  return broken;
+})"""
 
 
 def _set_slider(page, elem_id: str, value: int) -> None:
@@ -31,16 +109,64 @@ def _set_slider(page, elem_id: str, value: int) -> None:
     box.press("Enter")
 
 
+def _tick(page, *collators: str) -> None:
+    for name in collators:
+        page.locator(f'#collators input[name="{name}"]').click()
+
+
+def _inputs(page) -> dict:
+    return page.evaluate("""() => ({
+        model: document.querySelector('#model textarea, #model input').value,
+        samples: Number(document.querySelector('#samples input[type=number]').value),
+        steps: Number(document.querySelector('#steps input[type=number]').value),
+        collators: [...document.querySelectorAll('#collators input:checked')].map(box => box.name)})""")
+
+
+def _history_row(page, run_id: str):
+    return page.locator("#history").get_by_text(run_id).filter(visible=True).first
+
+
+def _check_readable(page) -> None:
+    """Every figure described for screen readers, and every text at least AA contrast (hints included)."""
+    alts = page.evaluate(PLOT_ALTS)
+    assert alts and all(len(alt) > 40 and "undefined" not in alt for alt in alts), alts
+    assert len(set(alts)) == len(alts), alts  # each says what its own figure shows
+    texts = page.evaluate(CONTRASTS)
+    assert any(text["info"] for text in texts)  # the hints under the inputs were measured
+    low = [(round(text["ratio"], 2), text["text"]) for text in texts if text["ratio"] < 4.5]
+    assert low == [], low
+
+
+def _screenshot(page, name: str, full_page: bool = False) -> None:
+    """The page from its top (the action bar sticks where the window was scrolled to), the pointer off the buttons."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.mouse.move(0, 0)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.wait_for_timeout(500)  # the Run button's fade back from disabled
+    page.screenshot(path=str(ARTIFACTS / name), full_page=full_page)
+
+
 @pytest.fixture(scope="module")
-def page(lab_app):
+def browser(lab_app):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        tab = browser.new_page(viewport={"width": 1500, "height": 1000})
-        tab.set_default_timeout(60_000)
-        yield tab
-        browser.close()
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+def _tab(browser, viewport: dict):
+    tab = browser.new_page(viewport=viewport)
+    tab.set_default_timeout(60_000)
+    return tab
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    tab = _tab(browser, DESKTOP)
+    yield tab
+    tab.close()
 
 
 def test_choose_run_and_read_the_speedup(page, lab_app):
@@ -53,62 +179,139 @@ def test_choose_run_and_read_the_speedup(page, lab_app):
     # A collator click redraws the batch picture (a new mask panel is highlighted): the before-training view.
     before = page.evaluate(PICTURE_SOURCE)
     clicked = time.perf_counter()
-    page.locator("#collators label", has_text="naive-concat").click()
+    _tick(page, "naive-concat")
     page.wait_for_function(f"old => ({PICTURE_SOURCE})() !== old", arg=before)
     timings["click_to_new_picture_s"] = time.perf_counter() - clicked
     _set_slider(page, "samples", 96)
     _set_slider(page, "steps", 8)
+    page.wait_for_function("() => document.querySelector('#batch-source').innerText.includes('96 samples')")
 
     clicked = time.perf_counter()
     page.click("#run")
-    page.wait_for_function("() => /^(Done|Stopped)/.test(document.querySelector('#headline').innerText.trim())",
-                           timeout=600_000)
+    # Off until the run ends, so that a second click is never silently ignored; the last run's views are gone.
+    page.wait_for_function(RUN_DISABLED, timeout=10_000)
+    page.wait_for_function("() => document.querySelector('#results-source').innerText.includes('Training')")
+    assert page.evaluate(RUN_DISABLED) and page.locator("#headline").inner_text().startswith("Training")
+    page.wait_for_function(DONE, timeout=RUN_TIMEOUT_MS)
     timings["click_to_comparison_done_s"] = time.perf_counter() - clicked
+    page.wait_for_function(f"() => !({RUN_DISABLED})()", timeout=10_000)
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "browser-run.png"), full_page=True)
+    _screenshot(page, "browser-run.png", full_page=True)
     headline = page.locator("#headline").inner_text()
     assert headline.startswith("Done"), headline
     speedup = float(re.search(r"flatten: ([\d.]+)×", headline).group(1))
-    saved = lab_app.HISTORY.entries()[-1].document  # the page shows the engine's number, not its own
-    assert speedup == pytest.approx(saved["comparison"]["flatten"]["speedup_vs_padded"], abs=0.005)
-    assert "naive-concat" in headline
+    entry = lab_app.HISTORY.entries()[-1]
+    assert speedup == pytest.approx(entry.document["comparison"]["flatten"]["speedup_vs_padded"], abs=0.005)
+    assert demo_core.COLLATORS["naive-concat"].why in headline  # the reason sits next to its numbers
+    assert f"run {entry.run_id}" in page.locator("#results-source").inner_text()
+    assert "Not the settings" not in page.locator("#batch-source").inner_text()
     for plot in ("throughput-plot", "loss-plot", "memory-plot", "lengths-plot"):
         assert page.locator(f"#{plot} img").count() == 1, plot
     table = page.locator("#results").inner_text()
     assert all(name in table for name in ("padded", "flatten", "naive-concat")), table
-    assert saved["contamination"] and "naive-concat max" in page.locator("#contamination").inner_text()
-    assert page.locator("#history").get_by_text(lab_app.HISTORY.entries()[-1].run_id).count() >= 1
+    assert entry.document["contamination"] and "naive-concat max" in page.locator("#contamination").inner_text()
+    assert _history_row(page, entry.run_id).count() == 1
+    _check_readable(page)
 
     timings["flatten_speedup"] = speedup
     (ARTIFACTS / "browser-timings.json").write_text(json.dumps(timings, indent=2))
     print("browser timings:", timings)
 
 
-def test_a_bad_choice_shows_one_message_and_the_page_keeps_working(page, lab_app):
+def test_a_history_click_puts_that_runs_settings_back_without_training(page, lab_app):
+    entry = lab_app.HISTORY.entries()[-1]  # the previous test's run: 96 samples, 8 steps, with naive-concat
+    assert entry.document["config"]["samples"] == 96
+    _set_slider(page, "samples", 40)
+    _tick(page, "naive-concat")
+    page.wait_for_function("() => document.querySelector('#batch-source').innerText.includes('Not the settings of')")
+    assert "samples 96 there, 40 here" in page.locator("#batch-source").inner_text()
+    runs_before = len(lab_app.HISTORY.entries())
+
+    _history_row(page, entry.run_id).click()
+    page.wait_for_function("() => document.querySelector('#samples input[type=number]').value === '96'")
+    assert _inputs(page) == {"model": "tiny-llama", "samples": 96, "steps": 8,
+                             "collators": ["padded", "flatten", "naive-concat"]}
+    page.wait_for_function("() => !document.querySelector('#batch-source').innerText.includes('Not the settings')")
+    time.sleep(2)  # long enough for a run to have started, had the click started one
+    assert not page.evaluate(RUN_DISABLED) and len(lab_app.HISTORY.entries()) == runs_before
+    assert f"run {entry.run_id}" in page.locator("#results-source").inner_text()
+
+
+def test_a_bad_choice_shows_one_message_that_stays_and_the_page_keeps_working(page, lab_app):
     page.goto(lab_app.demo.local_url)
     page.wait_for_selector("#batch-plot img")
-    model = page.locator("#model input")
+    shown_at = time.monotonic()
+    model = page.locator("#model textarea, #model input").first
     model.fill("/etc")
     model.press("Enter")
-    toast = page.locator(".toast-body").first
-    toast.wait_for()
-    assert "outside the folders this app may read" in toast.inner_text()
+    page.locator(".toast-body", has_text="outside the folders this app may read").wait_for()
     assert "Traceback" not in page.content()
-    model.fill("tiny-qwen2")
+    # The line over the picture says that it still shows the earlier inputs.
+    page.wait_for_function("() => document.querySelector('#batch-source').innerText.includes('could not be drawn')")
+
+    # A hub id that a preset's name contains: Enter keeps what was typed (a Dropdown picked `tiny-gpt2`).
+    model.fill("gpt2")
     model.press("Enter")
-    histogram = "() => document.querySelector('#lengths-plot img')?.src ?? ''"
-    before = page.evaluate(histogram)
-    _set_slider(page, "samples", 40)
-    page.wait_for_function(f"old => ({histogram})() !== old", arg=before)  # the page still answers
+    page.locator(".toast-body", has_text="cannot load model 'gpt2'").wait_for()
+    assert _inputs(page)["model"] == "gpt2"
+    page.click("#run")  # the run fails the same way: one more message, and Run comes back
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('did not finish')")
+    page.wait_for_function(f"() => !({RUN_DISABLED})()", timeout=10_000)
+
+    page.locator(".chips button", has_text="tiny-qwen2").click()  # the page still answers: a chip draws its batch
+    page.wait_for_function("() => document.querySelector('#batch-source').innerText.startsWith('Shown: the first "
+                           "batch of tiny-qwen2')")
+    assert _inputs(page)["model"] == "tiny-qwen2"
+    time.sleep(max(0.0, 12 - (time.monotonic() - shown_at)))  # Gradio's default would have closed it after 10 s
+    assert page.locator(".toast-body", has_text="outside the folders this app may read").count() == 1
 
 
-def test_an_uploaded_file_runs_privately_and_its_runs_leave_with_the_tab(page, lab_app, tmp_path):
+def test_on_a_phone_every_collator_is_readable_and_run_stays_in_reach(browser, lab_app):
+    phone = _tab(browser, PHONE)
+    phone.goto(lab_app.demo.local_url)
+    phone.wait_for_selector("#batch-plot img")
+    assert phone.evaluate(OVERFLOW) == NO_OVERFLOW
+    phone.keyboard.press("Tab")
+    assert phone.evaluate("() => document.activeElement.id") == "run"  # first in the tab order
+
+    before = phone.evaluate(PICTURE_SOURCE)
+    _tick(phone, "naive-concat", "bfd", "padded-grouped", "trl-padding-free", "trl-bfd")
+    _set_slider(phone, "samples", 16)
+    _set_slider(phone, "steps", 2)
+    _set_slider(phone, "batch-size", 4)
+    phone.wait_for_function("() => document.querySelector('#batch-source').innerText.includes('trl-bfd · 2 steps "
+                            "· batch 4')")
+    assert phone.evaluate(PICTURE_SOURCE) != before
+    # The picture is drawn for the phone's width (a desktop's 16-inch picture would be shrunk 3.5x).
+    shrink = phone.evaluate("() => { const image = document.querySelector('#batch-plot img'); "
+                            "return image.naturalWidth / image.clientWidth; }")
+    assert shrink <= 2.5, shrink
+
+    phone.locator("#results-source").scroll_into_view_if_needed()  # past the picture: Run is still on screen
+    box = phone.locator("#run").bounding_box()
+    assert box and 0 <= box["y"] and box["y"] + box["height"] <= PHONE["height"]
+    phone.click("#run")
+    phone.wait_for_function(RUN_DISABLED, timeout=10_000)
+    phone.wait_for_function(DONE, timeout=RUN_TIMEOUT_MS)
+    phone.wait_for_function(f"() => !({RUN_DISABLED})()", timeout=10_000)
+
+    _screenshot(phone, "browser-phone.png")
+    _screenshot(phone, "browser-phone-full.png", full_page=True)
+    assert phone.evaluate(OVERFLOW) == NO_OVERFLOW  # seven rows of results, and nothing sticks out sideways
+    assert phone.evaluate(BROKEN_NUMBERS) == []
+    # Each collator's line in the headline carries its plot colour: seven different ones, TRL's included.
+    colours = phone.evaluate("() => [...document.querySelectorAll('#headline .collator-key')]"
+                             ".map(key => getComputedStyle(key).backgroundColor)")
+    assert len(colours) == len(demo_core.COLLATORS) == len(set(colours)), colours
+    assert all(spec.why in phone.locator("#headline").inner_text() for spec in demo_core.COLLATORS.values())
+    _check_readable(phone)
+    phone.close()
+
+
+def test_an_uploaded_file_runs_privately_and_its_runs_leave_with_the_tab(browser, lab_app, tmp_path):
     data = tmp_path / "team-notes.jsonl"
     data.write_text("\n".join(json.dumps({"text": f"note {i}: " + "ship it " * (2 + i % 11)}) for i in range(40)))
-    browser = page.context.browser
-    tab = browser.new_page(viewport={"width": 1500, "height": 1000})  # a session of its own, closed at the end
-    tab.set_default_timeout(60_000)
+    tab = _tab(browser, DESKTOP)  # a session of its own, closed at the end
     tab.goto(lab_app.demo.local_url)
     tab.wait_for_selector("#batch-plot img")
     before = tab.evaluate(PICTURE_SOURCE)
@@ -118,14 +321,16 @@ def test_an_uploaded_file_runs_privately_and_its_runs_leave_with_the_tab(page, l
     _set_slider(tab, "steps", 2)
     tab.click("#run")
     tab.wait_for_function("() => /was deleted from the server/.test(document.querySelector('#status').innerText)",
-                          timeout=600_000)
+                          timeout=RUN_TIMEOUT_MS)
     entry = lab_app.HISTORY.entries()[-1]
     assert entry.private and entry.document["config"]["dataset"] == "team-notes.jsonl"
     assert "team-notes.jsonl (private to this tab)" in tab.locator("#history").inner_text()
     assert "team-notes.jsonl" not in tab.locator("#upload").inner_text()  # the box is empty: the file is gone
-    other = browser.new_page()  # another visitor
+    other = _tab(browser, DESKTOP)  # another visitor: sees the shared runs (once the table has loaded), not this one
     other.goto(lab_app.demo.local_url)
-    other.wait_for_selector("#history")
+    shared = [row[0] for row in lab_app.history_view.table(lab_app.HISTORY, Session("another visitor"))]
+    other.wait_for_function("ids => document.querySelector('#history')?.innerText.includes(ids.at(-1) ?? '')",
+                            arg=shared)
     assert entry.run_id not in other.locator("#history").inner_text()
     other.close()
     tab.close()  # Gradio's unload: the session ended, and nobody can list its private run any more

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-import planner_page
+from serving import planner_page
 from demo_core.errors import DemoInputError
 
 GIB = 2 ** 30
@@ -51,5 +51,10 @@ def test_page_reads_no_local_files_and_names_bad_values(change, message):
 
 def test_section_builds_inside_blocks_and_registers_plan():
     with gr.Blocks() as demo:
-        planner_page.build_planner_section(lambda handler: handler)
+        planner_page.build_planner_section(demo)
+    endpoint = demo.get_api_info()["named_endpoints"]["/plan"]
     assert list(demo.get_api_info()["named_endpoints"]) == ["/plan"]
+    # named, described parameters (not "1st Api component"), in the documented order
+    assert [parameter["parameter_name"] for parameter in endpoint["parameters"]][:3] == ["model", "batch_size",
+                                                                                          "seq_length"]
+    assert all(parameter["label"] == parameter["parameter_name"] for parameter in endpoint["parameters"])

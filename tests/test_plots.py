@@ -2,12 +2,15 @@
 
 import io
 
+import matplotlib.colors
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 import demo_core
-from demo_core import plots
+from demo_core import batch_picture, plots
 
 # 5 steps: step 1 is warm-up and step 2 profiled, so 3 are timed, the fewest that give a speedup.
 CONFIG = demo_core.RunConfig(samples=32, steps=5, batch_size=4, max_length=256,
@@ -35,7 +38,7 @@ def _renders(figure: Figure) -> None:
 
 
 def test_batch_figure_labels_the_engine_numbers(preview):
-    figure = plots.batch_figure(preview)
+    figure = batch_picture.batch_figure(preview)
     _renders(figure)
     texts = _texts(figure)
     flat, padded, bfd = (preview["batches"][name] for name in ("flatten", "padded", "bfd"))
@@ -52,17 +55,17 @@ def test_batch_figure_labels_the_engine_numbers(preview):
 def test_mask_images_compute_what_each_path_computes(preview):
     lengths = sorted(preview["lengths"])[:3]  # the shortest examples of the run
     total = sum(lengths)
-    assert total <= plots.MASK_PIXELS  # one pixel per token, so cells can be counted exactly
+    assert total <= batch_picture.MASK_PIXELS  # one pixel per token, so cells can be counted exactly
     causal_pairs = sum(n * (n + 1) // 2 for n in lengths)
-    varlen = plots._mask_image(lengths, "varlen")
-    naive = plots._mask_image(lengths, "naive")
-    dense = plots._mask_image(lengths, "dense")
+    varlen = batch_picture._mask_image(lengths, "varlen")
+    naive = batch_picture._mask_image(lengths, "naive")
+    dense = batch_picture._mask_image(lengths, "dense")
     assert (varlen >= 2).sum() == (naive >= 2).sum() == (dense >= 2).sum() == causal_pairs
-    assert (varlen == plots.MASKED).sum() == 0  # varlen computes nothing it throws away
-    assert (dense == plots.NOT_COMPUTED).sum() == 0  # the dense mask computes all T x T scores
-    assert (naive == plots.LEAK).sum() == total * (total + 1) // 2 - causal_pairs
-    padded = plots._mask_image(lengths, "padded")
-    assert (padded != plots.NOT_COMPUTED).sum() == len(lengths) * max(lengths) ** 2
+    assert (varlen == batch_picture.MASKED).sum() == 0  # varlen computes nothing it throws away
+    assert (dense == batch_picture.NOT_COMPUTED).sum() == 0  # the dense mask computes all T x T scores
+    assert (naive == batch_picture.LEAK).sum() == total * (total + 1) // 2 - causal_pairs
+    padded = batch_picture._mask_image(lengths, "padded")
+    assert (padded != batch_picture.NOT_COMPUTED).sum() == len(lengths) * max(lengths) ** 2
 
 
 def test_lengths_figure_counts_every_example(preview):
@@ -139,3 +142,65 @@ def test_results_figures_draw_a_run_in_progress(document):
         _renders(draw(first))
     assert np.isclose(plots.throughput_figure(first).axes[0].patches[0].get_height(),
                       document["results"][0]["tokens_per_s"])
+
+
+# ---- readable with every collator, on a desktop and on a phone ----------------------------------------------------
+
+EVERY_COLLATOR = demo_core.RunConfig(samples=8, steps=2, batch_size=2, max_length=128,
+                                     collators=tuple(demo_core.COLLATORS))
+PHONE_IN = 4.0  # a 390 px wide phone shows a figure ~326 px wide: the page asks for 4.1 in (serving.page)
+
+
+@pytest.fixture(scope="module")
+def every_collator():
+    prepared = demo_core.prepare(EVERY_COLLATOR)
+    return demo_core.preview(prepared), demo_core.run_comparison(prepared).to_dict()
+
+
+def _drawn_texts(figure: Figure) -> list:
+    """The texts matplotlib draws (tick labels of ticks outside an axis' view exist but are not drawn)."""
+    FigureCanvasAgg(figure).draw()
+    skipped = set()
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            skipped |= {id(label) for tick in axis.get_major_ticks() if not low <= tick.get_loc() <= high
+                        for label in (tick.label1, tick.label2)}
+    return [text for text in figure.findobj(Text)
+            if id(text) not in skipped and text.get_visible() and text.get_text().strip()]
+
+
+def _cut_off(figure: Figure) -> list[str]:
+    """The texts that reach past the figure's edge, where the page cuts them."""
+    texts, inside = _drawn_texts(figure), figure.bbox.padded(1)
+    extents = [text.get_window_extent(figure.canvas.get_renderer()) for text in texts]
+    return [text.get_text() for text, extent in zip(texts, extents)
+            if not (inside.contains(*extent.min) and inside.contains(*extent.max))]
+
+
+@pytest.mark.parametrize("width_in", [PHONE_IN, 9, batch_picture.BATCH_MAX_IN])
+def test_the_batch_picture_keeps_every_text_inside_and_readable_at_any_width(every_collator, width_in):
+    preview, _ = every_collator
+    figure = batch_picture.batch_figure(preview, width_in)
+    assert figure.get_size_inches()[0] == pytest.approx(width_in)
+    assert _cut_off(figure) == []
+    # The page shows a figure at FIGURE_DPI CSS pixels per inch, so a p-point text is ~1.1 p pixels high.
+    assert min(text.get_fontsize() for text in _drawn_texts(figure)) >= batch_picture.SMALL_PT
+    texts = _texts(figure)
+    assert "trl-bfd" in texts and "used by" in texts  # the packed rows and every mask's users are drawn
+
+
+@pytest.mark.parametrize("width_in", [PHONE_IN, plots.RESULT_WIDTH_IN])
+def test_results_figures_keep_every_text_inside_with_every_collator(every_collator, width_in):
+    _, document = every_collator
+    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure):
+        figure = draw(document, width_in)
+        assert _cut_off(figure) == [], draw.__name__
+    loss = plots.loss_figure(document, width_in)
+    FigureCanvasAgg(loss).draw()
+    [legend] = loss.legends  # seven collators' names below the curves, not over them
+    assert not legend.get_window_extent().overlaps(loss.axes[0].get_window_extent())
+    assert len(legend.get_texts()) == len(demo_core.COLLATORS)
+    colours = {matplotlib.colors.to_hex(patch.get_facecolor())
+               for patch in plots.throughput_figure(document, width_in).axes[0].patches}
+    assert len(colours) == len(demo_core.COLLATORS)  # trl-padding-free and trl-bfd are told apart too

@@ -7,7 +7,7 @@ import matplotlib.colors
 import pytest
 
 import demo_core
-from demo_core import plots
+from demo_core import batch_picture, plots
 from demo_core.cli import main
 from demo_core.collators import COLLATORS, CollatorSpec, FlattenCollator
 
@@ -60,7 +60,7 @@ def test_a_new_registry_entry_reaches_cli_json_picture_and_plots(fake_collator, 
                                                     collators=("padded", FAKE.name)))
     lengths = preview["batches"]["padded"]["lengths"]
     assert preview["batches"][FAKE.name]["lengths"] == lengths[::-1]
-    picture_texts = [text.get_text() for text in plots.batch_figure(preview).findobj(
+    picture_texts = [text.get_text() for text in batch_picture.batch_figure(preview).findobj(
         lambda artist: hasattr(artist, "get_text"))]
     assert any(f"used by {FAKE.name} in this run" in text for text in picture_texts)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import demo_core
-from demo_core import plots, report
+from demo_core import batch_picture, plots, report
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +78,37 @@ def test_loss_axis_shows_losses_not_an_offset_when_curves_coincide(document):
 
 def test_batch_title_counts_the_examples_drawn(prepared):
     preview = demo_core.preview(prepared)
-    texts = "\n".join(t.get_text() for t in plots.batch_figure(preview).findobj(lambda a: hasattr(a, "get_text")))
+    figure = batch_picture.batch_figure(preview)
+    texts = "\n".join(t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text")))
     assert "The first batch (4 examples)" in texts
 
 
 def test_human_bytes():
     assert [report.human_bytes(n) for n in (999, 117_321_932, 80e9)] == ["999 B", "117.3 MB", "80.0 GB"]
+
+
+def test_the_headline_puts_each_collators_why_and_colour_next_to_its_numbers(document, prepared):
+    attention_why = demo_core.preview(prepared)["attention_why"]
+    text = report.headline(document, 12.3, attention_why)
+    lines = text.splitlines()
+    assert lines[0] == "### Done in 12.3 s"
+    for result in document["results"]:
+        spec = demo_core.COLLATORS[result["collator"]]
+        [line] = [line for line in lines if f"**{spec.name}**" in line]
+        assert f"background:{spec.color}" in line and spec.why in line  # swatch, numbers and why on one line
+    flatten = document["comparison"]["flatten"]
+    assert f"{flatten['speedup_vs_padded']:.2f}× the padded throughput" in text
+    assert f"**{document['config']['resolved_attention']} attention**: *{attention_why}*" in text
+
+
+def test_a_stopped_runs_empty_contamination_table_says_why(prepared, document):
+    stopped = prepared.comparison([]).to_dict()
+    assert stopped["contamination"] == [] and "skipped" in report.contamination_title(stopped)
+    assert report.contamination_title(document) == report.CONTAMINATION_TITLE  # a complete run shows its rows
+
+
+def test_tables_put_the_key_columns_first():
+    # A phone shows the first few columns of a table; the rest scroll sideways.
+    assert report.RESULT_HEADERS[:5] == ["collator", "speedup vs padded", "ideal speedup", "max |Δloss| vs padded",
+                                         "peak memory"]
+    assert report.HISTORY_HEADERS[:3] == ["run id", "best speedup", "status"]

@@ -1,15 +1,16 @@
 """The "Will it fit?" section of the page: the memory planner (demo_core/planner.py) for real model sizes.
 
-`build_planner_section(user_errors)` creates the widgets and their wiring inside the caller's active `gr.Blocks`
-and registers the `/plan` API endpoint; `user_errors` is the app's handler wrapper that turns DemoInputError into
-`gr.Error`. The handlers are plain functions: `plan_page` for the widgets, `plan_api` for gradio_client. Figures
-are matplotlib `Figure` objects, never pyplot (a long-running server must not keep them in a registry).
+`build_planner_section(demo)` creates the widgets and their wiring inside the page's active `gr.Blocks` and
+registers the `/plan` API endpoint (named, typed and described parameters, as the other endpoints). The handlers
+are plain functions: `plan_page` for the widgets, `plan_api` for gradio_client. Figures are matplotlib `Figure`
+objects, never pyplot (a long-running server must not keep them in a registry).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any, Literal
 
 import gradio as gr
 from matplotlib.figure import Figure
@@ -19,11 +20,17 @@ from demo_core.config import ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
 from demo_core.data import BUILTIN_DATASETS
 from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
-from demo_core.models import PRESETS
 from demo_core.planner import (GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest, device_estimate,
                                plan, shipped_configs)
 from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS
 
+from .api_docs import documented_api
+from .errors import user_errors
+from .layout import text_with_chips
+
+PlanPrecision = Literal[ESTIMATE_PRECISION_NAMES]  # type: ignore[valid-type]
+PlanOptimizer = Literal[ESTIMATE_OPTIMIZER_NAMES]  # type: ignore[valid-type]
+ShardName = Literal[SHARDING_NAMES]  # type: ignore[valid-type]
 GIB = 2 ** 30
 EQUAL_LENGTHS = "equal lengths"
 DEFAULT_MODEL = "Llama-3.1-8B"
@@ -48,12 +55,31 @@ def _request(model: str, batch_size, seq_length, dataset: str, packed: bool, pre
 
 
 def plan_api(model: str = DEFAULT_MODEL, batch_size: int = 8, seq_length: int = 2048, dataset: str = "",
-             packed: bool = False, precision: str = "bf16", optimizer: str = "adamw", lora_rank: int = 0,
-             qlora: bool = False, gradient_checkpointing: bool = False, gpus: int = 1, shard: str = "none",
-             gpu_gb: float = 80) -> dict:
-    """Memory per device of a fine-tune, without training: per_device (category -> bytes), total_bytes (the peak),
-    peak_moment, fits (GPU GB -> bool), max_batch_size, max_seq_length, scaling (padded vs packed per length).
-    `dataset`: "" for equal lengths, or flan-like / orcamath-like (the batch that needs the most memory)."""
+             packed: bool = False, precision: PlanPrecision = "bf16", optimizer: PlanOptimizer = "adamw",
+             lora_rank: int = 0, qlora: bool = False, gradient_checkpointing: bool = False, gpus: int = 1,
+             shard: ShardName = "none", gpu_gb: float = 80) -> dict[str, Any]:
+    """Memory per device of a fine-tune, from the model's config alone: no weights, no training.
+
+    Args:
+        model: a shipped config of a real model (e.g. Llama-3.1-8B), a preset, or a hub id in the local cache
+        batch_size: examples per device per step
+        seq_length: tokens per example (the longest, when a length profile is given)
+        dataset: "" for equal lengths, or a built-in length profile (flan-like, orcamath-like): the batch that needs
+            the most memory is planned
+        packed: padding-free packing (one row per batch) instead of padding
+        precision: fp32, bf16/fp16 mixed precision (fp32 master weights), or pure bf16
+        optimizer: the optimizer whose states are counted
+        lora_rank: LoRA rank on the attention and MLP projections; 0 for a full fine-tune
+        qlora: the frozen base weights in 4 bits (with lora_rank > 0)
+        gradient_checkpointing: keep only each layer's input and recompute the layer in backward
+        gpus: devices the run is spread over
+        shard: none (DDP: full copies), zero1/zero2/zero3 or fsdp
+        gpu_gb: the GPU size the largest batch size and sequence length are searched for
+
+    Returns:
+        per_device (category -> bytes), total_bytes (the peak), peak_moment, fits (GPU GB -> bool), max_batch_size,
+        max_seq_length and scaling (padded vs packed bytes per sequence length)
+    """
     return plan(_request(model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
                          gradient_checkpointing, gpus, shard, gpu_gb)).to_dict()
 
@@ -143,15 +169,24 @@ def scaling_figure(result: Plan) -> Figure:
     return figure
 
 
-def build_planner_section(user_errors) -> None:
-    """The section's widgets and wiring, inside the caller's `gr.Blocks`; also registers the `/plan` endpoint."""
+FIGURE_TEXT = {
+    "bars": "Stacked bars of the memory per device of the planned fine-tune, padded beside packed, by category "
+            "(weights, gradients, optimizer, activations, temporary, CUDA context), with lines at 24, 40, 80 and "
+            "141 GB GPU sizes",
+    "curve": "Memory per device against sequence length, padded and packed, with lines at common GPU sizes",
+}
+
+
+def build_planner_section(demo: gr.Blocks) -> None:
+    """The section's widgets and wiring, inside the page's `gr.Blocks`; also registers the `/plan` endpoint."""
     gr.Markdown("## 4 · Will it fit? Memory of a real fine-tune, without training\n"
                 "The same estimate every run above checks against its measurement, for real model sizes: "
                 "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs.")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=320):
-            model = gr.Dropdown([*shipped_configs(), *PRESETS], value=DEFAULT_MODEL, allow_custom_value=True,
-                                label="Model", info="a shipped config of a real model, a preset, or a cached hub id")
+            model = text_with_chips(shipped_configs(), DEFAULT_MODEL, "Model", "a real model's shipped config "
+                                    "below, a preset (tiny-llama, llama-1b, ...), or a hub id in the local cache",
+                                    "plan-model")
             with gr.Row():
                 batch_size = gr.Number(8, precision=0, minimum=1, label="Batch size per device")
                 seq_length = gr.Number(2048, precision=0, minimum=2, label="Sequence length")
@@ -173,11 +208,14 @@ def build_planner_section(user_errors) -> None:
         with gr.Column(scale=3):
             summary = gr.Markdown("Choose a model and press **Will it fit?**", elem_id="plan-summary")
             with gr.Row():
-                bars = gr.Plot(show_label=False, elem_id="plan-bars")
-                curve = gr.Plot(show_label=False, elem_id="plan-curve")
-    inputs = [model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora, checkpointing,
-              gpus, shard, gpu_gb]
+                bars = gr.Plot(label=FIGURE_TEXT["bars"], show_label=False, elem_id="plan-bars", min_width=340)
+                curve = gr.Plot(label=FIGURE_TEXT["curve"], show_label=False, elem_id="plan-curve", min_width=340)
+    inputs = [model.box, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
+              checkpointing, gpus, shard, gpu_gb]
+    for choice, chip in model.chips.items():
+        chip.click(lambda choice=choice: choice, outputs=model.box, queue=False, show_progress="hidden",
+                   api_visibility="private")
     # No model runs and no training: it must not wait behind a training job, so it has its own group.
-    button.click(user_errors(plan_page), inputs=inputs, outputs=[summary, bars, curve], api_visibility="private",
-                 concurrency_id="plan", concurrency_limit=4)
-    gr.api(user_errors(plan_api), api_name="plan", concurrency_id="plan", concurrency_limit=4)
+    gr.on([button.click, model.box.submit], user_errors(plan_page), inputs=inputs, outputs=[summary, bars, curve],
+          api_visibility="private", concurrency_id="plan", concurrency_limit=4)
+    documented_api(demo, user_errors(plan_api), "plan", "plan", concurrency_id="plan", concurrency_limit=4)

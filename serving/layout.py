@@ -1,0 +1,134 @@
+"""The page's widgets, in page order: the intro, the action bar, the inputs (left column) and the views (right
+column). `app.py` builds the page from these and wires their events; nothing here handles an event.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+
+from demo_core import (ATTENTION_NAMES, BUILTIN_DATASETS, COLLATORS, OPTIMIZER_NAMES, PRECISION_NAMES, PRESETS, Limits,
+                       RunConfig, report)
+
+from . import provenance
+
+INTRO = """
+# Packing Lab: padding vs padding-free packing, measured
+Fine-tuning data has examples of very different lengths. The usual batch **pads** every example to the longest one;
+the padding is computed and thrown away. **Padding-free packing** (`DataCollatorWithFlattening` in transformers)
+puts the batch in one row and tells attention where each example starts (`position_ids` restart at 0,
+`cu_seqlens`), so nothing is wasted and every example still only sees itself.
+Pick a model, data and collators, then **Run**: each collator trains the same fresh model on the same examples for a
+few real optimizer steps, and the page compares speed, loss and memory.
+"""
+
+
+def action_bar() -> SimpleNamespace:
+    """Run, Stop and the status: first in the page and the tab order, and sticky at the top of the window."""
+    ui = SimpleNamespace()
+    with gr.Row(elem_id="action-bar", equal_height=True):
+        ui.run_button = gr.Button("Run", variant="primary", elem_id="run", scale=0)
+        ui.stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0)
+        ui.status = gr.Markdown("Press **Run** to train.", elem_id="status")
+        ui.progress = gr.Markdown("", elem_id="progress", container=False)
+    return ui
+
+
+def text_with_chips(choices, value: str, label: str, info: str, elem_id: str) -> SimpleNamespace:
+    """A free-text box with its usual values as chips below: typing `gpt2` and Enter keeps `gpt2` (a Dropdown would
+    pick its first match, `tiny-gpt2`), and a chip click fills the box."""
+    box = gr.Textbox(value, label=label, info=info, elem_id=elem_id, max_lines=1)
+    with gr.Row(elem_classes="chips"):
+        chips = {choice: gr.Button(choice, size="sm", variant="secondary") for choice in choices}
+    return SimpleNamespace(box=box, chips=chips)
+
+
+def settings_column(limits: Limits, defaults: RunConfig) -> SimpleNamespace:
+    """The inputs (the page's left column), their ranges from the limits and their values the defaults."""
+    ui = SimpleNamespace()
+    ui.model = text_with_chips(PRESETS, defaults.model, "Model", "a preset below (tiny-*: random weights, trains on "
+                                "a CPU), a hub id such as gpt2, or a local folder; Enter draws it", "model")
+    ui.dataset = text_with_chips(BUILTIN_DATASETS, defaults.dataset, "Dataset", "a built-in length profile below, "
+                                  "or a hub dataset id; Enter draws it", "dataset")
+    ui.upload = gr.File(label="Or upload .json / .jsonl (used instead; private to this tab, deleted after the run)",
+                        file_types=[".json", ".jsonl"], type="filepath", elem_id="upload")
+    ui.samples = gr.Slider(1, limits.max_samples, value=defaults.samples, step=1, label="Samples",
+                           info="examples drawn from the dataset", elem_id="samples")
+    ui.collators = gr.CheckboxGroup([(spec.label, name) for name, spec in COLLATORS.items()],
+                                    value=list(defaults.collators), label="Collators to compare", elem_id="collators")
+    ui.steps = gr.Slider(1, limits.max_steps, value=defaults.steps, step=1, label="Steps per collator",
+                         info="step 1 is warm-up and not timed", elem_id="steps")
+    ui.batch_size = gr.Slider(1, limits.max_batch_size, value=defaults.batch_size, step=1, label="Batch size",
+                              info="examples per step (bfd: packed rows)", elem_id="batch-size")
+    with gr.Accordion("More settings", open=False):
+        ui.attention = gr.Dropdown(list(ATTENTION_NAMES), value=defaults.attention, label="Attention",
+                                   info="auto: varlen (our per-example kernel) or flash-attn 2 on a GPU",
+                                   elem_id="attention")
+        ui.precision = gr.Dropdown(list(PRECISION_NAMES), value=defaults.precision, label="Precision",
+                                   info="auto: bf16 on a GPU that has it, else fp32", elem_id="precision")
+        ui.optimizer = gr.Dropdown(list(OPTIMIZER_NAMES), value=defaults.optimizer, label="Optimizer",
+                                   elem_id="optimizer")
+        ui.seed = gr.Number(defaults.seed, precision=0, label="Seed", minimum=0, elem_id="seed")
+        ui.max_length = gr.Slider(2, limits.max_length, value=defaults.max_length, step=1, label="Max length",
+                                  info="longer examples are truncated", elem_id="max-length")
+    return ui
+
+
+# What each figure shows, for people who cannot see it: the plots' labels, which page.js makes their alt text.
+FIGURE_TEXT = {
+    "batch": "The first batch as each collator builds it: the padded grid with its padding in grey, the same examples "
+             "flattened into one row with the cu_seqlens boundaries and position_ids restarting at 0, packed rows "
+             "when bfd is selected, and the attention mask each path computes",
+    "lengths": "Histogram of the example lengths in tokens, with mean, p50, p90 and p99 marked",
+    "throughput": "Bar chart of real tokens per second per collator, each bar labelled with its speedup over padded, "
+                  "a whisker for the middle half of its steps; a dashed line marks the ideal speedup by slots and a "
+                  "dotted mark over each bar its work ideal",
+    "loss": "Training loss per optimizer step, one line per collator; correct packing overlaps the padded line",
+    "memory": "Stacked bars of memory at the peak of a training step per collator, by category (weights, "
+              "gradients, optimizer, activations, temporary), estimated (hatched) beside measured (solid)",
+    "anatomy": "Stacked bars of where one profiled training step's time went per collator: by phase (forward, "
+               "backward, optimizer, data) with the backward / forward ratio, and by operation (matmul, attention, "
+               "normalization, element-wise, optimizer, data, other)",
+}
+
+
+def views_column() -> SimpleNamespace:
+    """The headline, the batch before training, the results and the history (the page's right column)."""
+    ui = SimpleNamespace()
+    ui.summary = gr.Markdown("Press **Run**: each collator trains for a few steps and its results appear below as "
+                             "soon as it finishes.", elem_id="headline")
+    gr.Markdown("## 1 · The batch, before any training")
+    ui.batch_source = gr.Markdown(provenance.preview_line(None, provenance.NO_RUN), elem_id="batch-source",
+                                  elem_classes="shown-line")
+    ui.batch_plot = gr.Plot(label=FIGURE_TEXT["batch"], show_label=False, elem_id="batch-plot")
+    with gr.Row():
+        ui.lengths_plot = gr.Plot(label=FIGURE_TEXT["lengths"], show_label=False, elem_id="lengths-plot",
+                                  min_width=340)
+        ui.cost = gr.Markdown(elem_id="cost", min_height=0)
+    gr.Markdown("## 2 · Training results (same examples, same order, same initial weights)")
+    ui.results_source = gr.Markdown(provenance.run_line(provenance.NO_RUN), elem_id="results-source",
+                                    elem_classes="shown-line")
+    with gr.Row():
+        ui.throughput_plot = gr.Plot(label=FIGURE_TEXT["throughput"], show_label=False, elem_id="throughput-plot",
+                                     min_width=340)
+        ui.loss_plot = gr.Plot(label=FIGURE_TEXT["loss"], show_label=False, elem_id="loss-plot", min_width=340)
+    with gr.Row():
+        ui.memory_plot = gr.Plot(label=FIGURE_TEXT["memory"], show_label=False, elem_id="memory-plot", min_width=340)
+        ui.contamination = gr.Dataframe(headers=report.CONTAMINATION_HEADERS, interactive=False, wrap=True,
+                                        elem_id="contamination", label=report.CONTAMINATION_TITLE, min_width=340)
+    ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
+                              wrap=True, elem_id="results", pinned_columns=1)
+    # Time anatomy: one profiled step per collator, and why the speedup misses its ideal.
+    with gr.Row():
+        ui.anatomy_plot = gr.Plot(label=FIGURE_TEXT["anatomy"], show_label=False, elem_id="anatomy-plot",
+                                  min_width=340)
+        ui.anatomy_text = gr.Markdown(elem_id="anatomy-text", min_height=0)
+    with gr.Row():
+        ui.json_file = gr.File(label="Run as JSON", interactive=False, min_width=240)
+        ui.csv_file = gr.File(label="Results as CSV", interactive=False, min_width=240)
+    gr.Markdown("## 3 · History (click a row to show that run and put its settings back in the inputs)")
+    ui.history = gr.Dataframe(headers=report.HISTORY_HEADERS, interactive=False, elem_id="history", max_height=320,
+                              wrap=True, pinned_columns=1)
+    ui.delete_button = gr.Button("Delete the runs made in this tab", size="sm", elem_id="delete-runs")
+    return ui

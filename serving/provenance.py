@@ -1,0 +1,130 @@
+"""Which settings the page's two views come from, in one line over each, so that the page shows one state at a time.
+
+Section 1 (the batch before training) follows the inputs; section 2 (training results) shows one run: the one just
+made, the one training, or one picked in the history. They can differ (the inputs change during a run, or after a
+history run is drawn), and the line over section 1 then says in which settings. The page keeps what each section
+shows in two `gr.State`s (plain dicts, made here) and redraws both lines from them whenever either changes:
+
+- a preview: `{"settings": {...}, "inputs": [...], "failed_inputs": [...] or None, "missing": why or None}`,
+  `inputs` being the raw widget values it was drawn from (a preview of the same values is not drawn again);
+- a run: `{"phase": ..., "settings": {...} or None, "run_id", "saved_at", "partial", "done", "of"}`.
+"""
+
+from __future__ import annotations
+
+# The settings a visitor chooses, in the API's order; RunConfig holds more (learning rate, device) that the page
+# does not offer.
+SETTINGS = ("model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed", "max_length",
+            "precision", "optimizer")
+NONE, WAITING, TRAINING, DONE, FAILED, NOTHING = "none", "waiting", "training", "done", "failed", "nothing"
+NO_RUN = {"phase": NONE, "settings": None}
+
+
+def settings_of(config: dict) -> dict:
+    """The chosen settings of a preview's or a run's `config`."""
+    return {key: config.get(key) for key in SETTINGS}
+
+
+def preview_shown(config: dict, inputs: list, missing: str | None = None) -> dict:
+    return {"settings": settings_of(config), "inputs": inputs, "failed_inputs": None, "missing": missing}
+
+
+def preview_failed(shown: dict | None, inputs: list) -> dict:
+    """The preview of `inputs` failed (its message is on screen): the picture is still the previous one, if any."""
+    if shown is None:
+        return {"settings": None, "inputs": None, "failed_inputs": inputs, "missing": None}
+    return {**shown, "failed_inputs": inputs}
+
+
+def is_shown(shown: dict | None, inputs: list) -> bool:
+    """Whether section 1 already shows (or has just failed to show) these widget values: nothing to redraw."""
+    return shown is not None and inputs in (shown["inputs"], shown["failed_inputs"])
+
+
+def run_started() -> dict:
+    return {"phase": WAITING, "settings": None}
+
+
+def run_training(config: dict, done: int, of: int) -> dict:
+    return {"phase": TRAINING, "settings": settings_of(config), "done": done, "of": of}
+
+
+def run_saved(run_id: str, saved_at: str, document: dict) -> dict:
+    return {"phase": DONE, "settings": settings_of(document["config"]), "run_id": run_id, "saved_at": saved_at,
+            "partial": bool(document.get("partial"))}
+
+
+def run_failed(shown: dict) -> dict:
+    return {**shown, "phase": FAILED}
+
+
+def run_empty() -> dict:
+    return {"phase": NOTHING, "settings": None}
+
+
+def describe(settings: dict) -> str:
+    """The settings in one line: `tiny-llama · flan-like · 256 samples · padded, flatten · 20 steps …`."""
+    return " · ".join([
+        f"`{settings['model']}`", f"`{settings['dataset']}`", f"{settings['samples']} samples",
+        ", ".join(settings["collators"] or []), f"{settings['steps']} steps", f"batch {settings['batch_size']}",
+        f"max length {settings['max_length']}", f"{settings['attention']} attention", f"seed {settings['seed']}",
+        f"{settings['precision']}", f"{settings['optimizer']}"])
+
+
+def differences(here: dict, there: dict) -> list[str]:
+    def shown(key, value):
+        return ", ".join(value) if key == "collators" else value
+
+    return [f"{key.replace('_', ' ')} {shown(key, there[key])} there, {shown(key, here[key])} here"
+            for key in SETTINGS if here[key] != there[key]]
+
+
+def _run_name(run: dict) -> str:
+    return f"run **{run['run_id']}**" if run["phase"] == DONE else "the run"
+
+
+def preview_line(shown: dict | None, run: dict) -> str:
+    if shown is None:
+        return "Drawing the batch of the current settings…"
+    if shown["settings"] is None:
+        return "⚠ **The current inputs could not be drawn** (see the message): no batch is shown."
+    if shown["missing"]:
+        line = f"**Not drawn:** {shown['missing']}. Settings: {describe(shown['settings'])}."
+    else:
+        line = f"**Shown:** the first batch of {describe(shown['settings'])}."
+    if shown["failed_inputs"] is not None:
+        line = ("⚠ **The current inputs could not be drawn** (see the message); below is still the batch of "
+                f"{describe(shown['settings'])}.")
+    if run["settings"] is not None:
+        changed = differences(shown["settings"], run["settings"])
+        if changed:
+            line += (f"\n\n⚠ **Not the settings of the results in section 2** ({_run_name(run)}): "
+                     f"{'; '.join(changed)}.")
+    return line
+
+
+def run_line(run: dict) -> str:
+    phase = run["phase"]
+    if phase == NONE:
+        return "**No run shown yet:** press **Run**, or pick a run in the history (section 3)."
+    if phase == WAITING:
+        return "**A new run is starting** (one run trains at a time; it may wait for another visitor's). The " \
+               "previous results were cleared: they stay in the history."
+    if phase == NOTHING:
+        return "**Stopped before the first step:** nothing to show."
+    if phase == FAILED and run["settings"] is None:
+        return "⚠ **The run could not start** (see the message). The previous results stay in the history."
+    settings = describe(run["settings"])
+    if phase == TRAINING:
+        return f"**Training** ({run['done']} of {run['of']} collators done, each appears when it finishes): {settings}."
+    if phase == FAILED:
+        return (f"⚠ **The run failed** (see the message): what it finished before the error, if anything, is below "
+                f"and saved in the history. Settings: {settings}.")
+    status = "stopped, partial" if run["partial"] else "complete"
+    saved = run["saved_at"].replace("T", " ").split(".")[0].replace("+00:00", " UTC")
+    return f"**Shown:** run **{run['run_id']}** ({status}, saved {saved}): {settings}."
+
+
+def lines(shown: dict | None, run: dict) -> tuple[str, str]:
+    """(line over section 1, line over section 2)."""
+    return preview_line(shown, run), run_line(run)
