@@ -64,11 +64,11 @@ def flags_in_words(entry: dict) -> list[str]:
 RESULT_COLUMNS = (
     Column("collator", lambda r, c: r["collator"] + (" (partial)" if r["partial"] else ""), "{}"),
     Column("speedup vs padded", lambda r, c: c["speedup_vs_padded"], "{:.2f}×"),
-    Column("speedup range", lambda r, c: c.get("speedup_range"), "{0[0]:.2f}–{0[1]:.2f}×"),
     Column("ideal speedup", lambda r, c: c["ideal_speedup"], "{:.2f}×"),
-    Column("work ideal", lambda r, c: c.get("work_ideal_speedup"), "{:.2f}×"),
     Column("max |Δloss| vs padded", lambda r, c: c["max_abs_loss_diff_vs_padded"], "{:.1e}"),
     Column("peak memory", lambda r, c: r["peak_memory_bytes"], human_bytes, csv_header="peak memory bytes"),
+    Column("speedup range", lambda r, c: c.get("speedup_range"), "{0[0]:.2f}–{0[1]:.2f}×"),
+    Column("work ideal", lambda r, c: c.get("work_ideal_speedup"), "{:.2f}×"),
     # Short keys in the terminal's table (the words follow it), the words on the page and in the CSV.
     Column("flags", lambda r, c: "; ".join(flags_in_words(c)) or None, "{}", in_terminal=False),
     Column("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),

@@ -154,7 +154,8 @@ def test_page_progress_counts_every_collators_steps_as_they_take_turns(lab_app):
     steps_seen = [done for (done, total), desc in calls if total == 6]
     assert steps_seen == sorted(steps_seen) and max(steps_seen) == 6  # never backwards, and to the end
     assert "padded 2/3 · flatten 1/3" in [desc for _, desc in calls]  # interleaved: padded's step 2 before flatten's
-    assert "Backward / forward time" in final[-3]  # the anatomy's words, next to its figure (then history, upload)
+    # The anatomy's words, next to its figure (then the two shown-state records, the history and the upload box).
+    assert "Backward / forward time" in final[-5]
 
 
 def test_history_survives_a_torn_last_line(tmp_path, caplog):

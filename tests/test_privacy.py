@@ -26,8 +26,11 @@ SECRET = "private-customer-record-4711"
 
 
 def private_file(folder: Path, name: str) -> Path:
-    path = folder / name
-    path.write_text("\n".join(json.dumps({"text": f"{SECRET} {i} " + "word " * (5 + i % 9)}) for i in range(24)))
+    """A file whose content no other test or earlier run on this machine has uploaded (Gradio's upload folder keys
+    files by content, and a refused upload stays there until the cache sweep)."""
+    path, marker = folder / name, uuid.uuid4().hex
+    path.write_text("\n".join(json.dumps({"text": f"{SECRET} {marker} {i} " + "word " * (5 + i % 9)})
+                              for i in range(24)))
     return path
 
 

@@ -15,7 +15,7 @@ def prepared(tmp_path_factory):
     # 7 lines of data asked as 256 samples: the run uses 7, and everything that reports it must say 7.
     data = tmp_path_factory.mktemp("data") / "seven.jsonl"
     data.write_text("".join(json.dumps({"text": f"example {i} " + "word " * (3 + 9 * i)}) + "\n" for i in range(7)))
-    return demo_core.prepare(demo_core.RunConfig(dataset=str(data), samples=256, steps=3, batch_size=4,
+    return demo_core.prepare(demo_core.RunConfig(dataset=str(data), samples=256, steps=5, batch_size=4,
                                                  max_length=128, collators=("padded", "flatten")))
 
 
