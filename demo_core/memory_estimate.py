@@ -402,16 +402,10 @@ def peaks_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> 
     return {moment: sum(parts.values()) for moment, parts in live_by_moment(categories, temporaries).items()}
 
 
-@dataclasses.dataclass
-class MemoryEstimate:
-    categories: dict[str, int]  # the six CATEGORIES, bytes
-    activation_terms: dict[str, int]  # what makes up `activations`, bytes
-    temporary_terms: dict[str, int]  # what makes up `temporary`, bytes
-    peak_by_moment: dict[str, int]  # estimated live bytes at each moment of a step (context included)
-    tokens: int  # token slots the model computes on (B*S padded, real tokens packed)
-    params: int
-    trainable_params: int
-    notes: list[str] = dataclasses.field(default_factory=list)
+class StepPeak:
+    """The step's peak: the largest of its moments' live bytes (`peak_by_moment`), and which moment that is."""
+
+    peak_by_moment: dict[str, int]
 
     @property
     def peak_bytes(self) -> int:
@@ -420,6 +414,18 @@ class MemoryEstimate:
     @property
     def peak_moment(self) -> str:
         return max(self.peak_by_moment, key=self.peak_by_moment.get)
+
+
+@dataclasses.dataclass
+class MemoryEstimate(StepPeak):
+    categories: dict[str, int]  # the six CATEGORIES, bytes
+    activation_terms: dict[str, int]  # what makes up `activations`, bytes
+    temporary_terms: dict[str, int]  # what makes up `temporary`, bytes
+    peak_by_moment: dict[str, int]  # estimated live bytes at each moment of a step (context included)
+    tokens: int  # token slots the model computes on (B*S padded, real tokens packed)
+    params: int
+    trainable_params: int
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def estimate_memory_detail(config: Any, step: StepShape, settings: TrainingSettings = TrainingSettings()

@@ -31,7 +31,8 @@ from . import data
 from .attention import model_class, resolve_attention  # the engine's own attention choice
 from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES, as_int
 from .errors import DemoInputError
-from .memory_estimate import StepShape, TrainingSettings, estimate_memory_detail, live_by_moment, param_facts
+from .memory_estimate import (StepPeak, StepShape, TrainingSettings, estimate_memory_detail, live_by_moment,
+                              param_facts)
 from .models import PRESETS, byte_tokenizer, max_positions
 
 GPU_SIZES_GB = (24, 40, 80, 141)  # RTX 4090 / L40S-class, A100 40GB, A100/H100 80GB, H200 (GiB, nominal)
@@ -186,7 +187,7 @@ def step_shape(batch_size: int, seq_length: int, packed: bool, lengths: Sequence
 # ---- per device -------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class DeviceEstimate:
+class DeviceEstimate(StepPeak):
     categories: dict[str, int]  # per device
     temporary_terms: dict[str, int]
     live_by_moment: dict[str, dict[str, int]]  # moment -> category -> bytes alive then
@@ -198,14 +199,6 @@ class DeviceEstimate:
     @property
     def peak_by_moment(self) -> dict[str, int]:
         return {moment: sum(parts.values()) for moment, parts in self.live_by_moment.items()}
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(self.peak_by_moment.values())
-
-    @property
-    def peak_moment(self) -> str:
-        return max(self.peak_by_moment, key=self.peak_by_moment.get)
 
 
 def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: TrainingSettings, gpus: int = 1,
