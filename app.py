@@ -382,4 +382,5 @@ def launch(**overrides):
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    planner_page.warm_up_in_background()
     launch()

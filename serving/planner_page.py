@@ -9,6 +9,7 @@ objects, never pyplot (a long-running server must not keep them in a registry).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,11 @@ ShardName = Literal[SHARDING_NAMES]  # type: ignore[valid-type]
 GIB = 2 ** 30
 EQUAL_LENGTHS = "equal lengths"
 DEFAULT_MODEL = "Llama-3.1-8B"
+# The section's inputs as the page opens, in `plan_page`'s order after the model (the widgets and the warm-up read
+# them, so the plan the server computes ahead is the one a first visitor asks for).
+PAGE_DEFAULTS = {"batch_size": 8, "seq_length": 2048, "dataset": "flan-like", "packed": False, "precision": "bf16",
+                 "optimizer": "adamw", "lora_rank": 0, "qlora": False, "gradient_checkpointing": False, "gpus": 1,
+                 "shard": "none", "gpu_gb": 80}
 GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
 
 
@@ -91,6 +97,16 @@ def plan_page(*values) -> tuple[str, Figure, Figure]:
     other = device_estimate(dataclasses.replace(request, packed=not request.packed))
     padded, packed = (other, chosen.device) if request.packed else (chosen.device, other)
     return summary_markdown(chosen), bars_figure(padded, packed, request.packed), scaling_figure(chosen)
+
+
+def warm_up_in_background() -> threading.Thread:
+    """Plans the page's default question once, in a daemon thread, when the server starts: the first answer for a
+    model fits its activation probes (about a second on an idle 2-core CPU, see docs/MEMORY.md), and this moves
+    that second from the first visitor's click to the server's start-up. Later answers for the model are cached."""
+    thread = threading.Thread(target=plan_page, args=(DEFAULT_MODEL, *PAGE_DEFAULTS.values()), daemon=True,
+                              name="planner-warm-up")
+    thread.start()
+    return thread
 
 
 def summary_markdown(result: Plan) -> str:
@@ -187,23 +203,25 @@ def build_planner_section(demo: gr.Blocks) -> None:
             model = text_with_chips(shipped_configs(), DEFAULT_MODEL, "Model", "a real model's shipped config "
                                     "below, a preset (tiny-llama, llama-1b, ...), or a hub id in the local cache",
                                     "plan-model")
+            start = PAGE_DEFAULTS
             with gr.Row():
-                batch_size = gr.Number(8, precision=0, minimum=1, label="Batch size per device")
-                seq_length = gr.Number(2048, precision=0, minimum=2, label="Sequence length")
-            dataset = gr.Dropdown([EQUAL_LENGTHS, *BUILTIN_DATASETS], value="flan-like", label="Lengths",
+                batch_size = gr.Number(start["batch_size"], precision=0, minimum=1, label="Batch size per device")
+                seq_length = gr.Number(start["seq_length"], precision=0, minimum=2, label="Sequence length")
+            dataset = gr.Dropdown([EQUAL_LENGTHS, *BUILTIN_DATASETS], value=start["dataset"], label="Lengths",
                                   info="a length profile: the batch that needs the most memory is planned")
-            packed = gr.Checkbox(False, label="Packed (padding-free)")
+            packed = gr.Checkbox(start["packed"], label="Packed (padding-free)")
             with gr.Row():
-                precision = gr.Dropdown(list(ESTIMATE_PRECISION_NAMES), value="bf16", label="Precision")
-                optimizer = gr.Dropdown(list(ESTIMATE_OPTIMIZER_NAMES), value="adamw", label="Optimizer")
+                precision = gr.Dropdown(list(ESTIMATE_PRECISION_NAMES), value=start["precision"], label="Precision")
+                optimizer = gr.Dropdown(list(ESTIMATE_OPTIMIZER_NAMES), value=start["optimizer"], label="Optimizer")
             with gr.Row():
-                lora_rank = gr.Number(0, precision=0, minimum=0, label="LoRA rank (0: full)")
-                qlora = gr.Checkbox(False, label="QLoRA (4-bit base)")
-            checkpointing = gr.Checkbox(False, label="Gradient checkpointing")
+                lora_rank = gr.Number(start["lora_rank"], precision=0, minimum=0, label="LoRA rank (0: full)")
+                qlora = gr.Checkbox(start["qlora"], label="QLoRA (4-bit base)")
+            checkpointing = gr.Checkbox(start["gradient_checkpointing"], label="Gradient checkpointing")
             with gr.Row():
-                gpus = gr.Number(1, precision=0, minimum=1, label="GPUs")
-                shard = gr.Dropdown(list(SHARDING_NAMES), value="none", label="Sharding")
-            gpu_gb = gr.Dropdown(list(GPU_SIZES_GB), value=80, label="GPU size for the largest batch and length (GB)")
+                gpus = gr.Number(start["gpus"], precision=0, minimum=1, label="GPUs")
+                shard = gr.Dropdown(list(SHARDING_NAMES), value=start["shard"], label="Sharding")
+            gpu_gb = gr.Dropdown(list(GPU_SIZES_GB), value=start["gpu_gb"],
+                                 label="GPU size for the largest batch and length (GB)")
             button = gr.Button("Will it fit?", variant="primary", elem_id="plan")
         with gr.Column(scale=3):
             summary = gr.Markdown("Choose a model and press **Will it fit?**", elem_id="plan-summary")

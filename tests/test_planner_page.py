@@ -58,3 +58,14 @@ def test_section_builds_inside_blocks_and_registers_plan():
     assert [parameter["parameter_name"] for parameter in endpoint["parameters"]][:3] == ["model", "batch_size",
                                                                                           "seq_length"]
     assert all(parameter["label"] == parameter["parameter_name"] for parameter in endpoint["parameters"])
+
+
+def test_the_server_plans_the_pages_first_question_before_anyone_asks(monkeypatch):
+    from demo_core import activation_probe
+
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})  # as a fresh server: no model probed yet
+    planner_page.warm_up_in_background().join(timeout=300)
+    probed_after_warm_up = []
+    monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
+    summary, _, _ = planner_page.plan_page(planner_page.DEFAULT_MODEL, *planner_page.PAGE_DEFAULTS.values())
+    assert "Peak per device" in summary and probed_after_warm_up == []  # every probe it needs was fitted ahead
