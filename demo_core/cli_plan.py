@@ -9,7 +9,8 @@ from __future__ import annotations
 from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
 from .memory_measure import CATEGORIES
 from .models import PRESETS
-from .planner import DEFAULT_CUDA_CONTEXT_GB, SHARDING_NAMES, PlanRequest, plan, shipped_configs
+from .planner import (DEFAULT_CUDA_CONTEXT_GB, SHARDING_NAMES, PlanRequest, largest_fit_words, plan,
+                      shipped_configs)
 from .results import write_json
 
 _GIB = 2 ** 30
@@ -87,9 +88,7 @@ def format_plan(document: dict) -> str:
         f"  {'peak':<16}{_gib(document['total_bytes']):>8}  at {document['peak_moment']}",
         "",
         "fits: " + "  ".join(f"{gb} GB {'yes' if ok else 'no'}" for gb, ok in document["fits"].items()),
-        f"largest batch size on {document['gpu_gb']:g} GB: {document['max_batch_size']} "
-        f"(at {request['seq_length']} tokens); longest sequence: {document['max_seq_length']:,} "
-        f"(at batch size {request['batch_size']})",
+        largest_fit_words(document),
         "",
         "seq length   padded GiB   packed GiB",
     ]

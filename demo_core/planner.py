@@ -260,6 +260,19 @@ class Plan:
         }
 
 
+def largest_fit_words(document: dict) -> str:
+    """The largest batch size and sequence length that fit the asked GPU size, in words (the page and the CLI),
+    saying so, with what to change, when not even one example or two tokens fit."""
+    request, gpu = document["request"], f"{document['gpu_gb']:g} GB"
+    batch = (f"largest batch size {document['max_batch_size']} at {request['seq_length']:,} tokens"
+             if document["max_batch_size"] else f"not one example of {request['seq_length']:,} tokens fits")
+    length = (f"longest sequence {document['max_seq_length']:,} tokens at batch size {request['batch_size']}"
+              if document["max_seq_length"] else f"no length fits at batch size {request['batch_size']}")
+    stuck = not (document["max_batch_size"] and document["max_seq_length"])
+    hint = " (LoRA, 8-bit AdamW, gradient checkpointing or sharding over more GPUs need less)" if stuck else ""
+    return f"on {gpu}: {batch}; {length}{hint}"
+
+
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
     """The largest n in [low, high] with fits(n), for `fits` true up to some n and false after; 0 if none."""
     if not fits(low):

@@ -22,7 +22,7 @@ from demo_core.data import BUILTIN_DATASETS
 from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
 from demo_core.planner import (GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest, device_estimate,
-                               plan, shipped_configs)
+                               largest_fit_words, plan, shipped_configs)
 from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS
 
 from .api_docs import documented_api
@@ -34,7 +34,7 @@ PlanOptimizer = Literal[ESTIMATE_OPTIMIZER_NAMES]  # type: ignore[valid-type]
 ShardName = Literal[SHARDING_NAMES]  # type: ignore[valid-type]
 GIB = 2 ** 30
 EQUAL_LENGTHS = "equal lengths"
-DEFAULT_MODEL = "Llama-3.1-8B"
+DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
 # The section's inputs as the page opens, in `plan_page`'s order after the model (the widgets and the warm-up read
 # them, so the plan the server computes ahead is the one a first visitor asks for).
 PAGE_DEFAULTS = {"batch_size": 8, "seq_length": 2048, "dataset": "flan-like", "packed": False, "precision": "bf16",
@@ -110,7 +110,7 @@ def warm_up_in_background() -> threading.Thread:
 
 
 def summary_markdown(result: Plan) -> str:
-    device, request = result.device, result.request
+    device, request, fit_words = result.device, result.request, largest_fit_words(result.to_dict())
     fits = " · ".join(f"{gb} GB {'✅' if ok else '❌'}" for gb, ok in result.fits.items())
     training = (f"LoRA r={request.lora_rank}" + (" on a 4-bit base (QLoRA)" if request.qlora else "")
                 if request.lora_rank else "full fine-tune")
@@ -118,8 +118,7 @@ def summary_markdown(result: Plan) -> str:
         f"**{request.model}**: {device.params / 1e9:.2f}B parameters, {device.trainable_params / 1e6:,.1f}M "
         f"trained ({training}); attention `{result.attention}`.",
         f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** at `{device.peak_moment}`. Fits: {fits}.",
-        f"On {request.gpu_gb:g} GB: largest batch size **{result.max_batch_size}** at {request.seq_length} tokens; "
-        f"longest sequence **{result.max_seq_length:,}** tokens at batch size {request.batch_size}.",
+        f"{fit_words[:1].upper()}{fit_words[1:]}.",
     ]
     notes = "\n".join(f"- {note}" for note in result.notes)
     return "\n\n".join(lines + ([notes] if notes else []))

@@ -266,6 +266,35 @@ def test_a_bad_choice_shows_one_message_that_stays_and_the_page_keeps_working(pa
     assert page.locator(".toast-body", has_text="outside the folders this app may read").count() == 1
 
 
+PLAN_SUMMARY = "() => document.querySelector('#plan-summary').innerText"
+
+
+def test_will_it_fit_answers_the_question_on_the_page_and_a_chip_asks_for_another_model(page, lab_app):
+    from serving import planner_page
+
+    page.goto(lab_app.demo.local_url)
+    page.wait_for_selector("#batch-plot img")
+    clicked = time.perf_counter()
+    page.click("#plan")
+    page.wait_for_function(f"() => ({PLAN_SUMMARY})().includes('Peak per device')")
+    answer_s = time.perf_counter() - clicked
+    expected = planner_page.plan(planner_page._request(planner_page.DEFAULT_MODEL,
+                                                       *planner_page.PAGE_DEFAULTS.values()))
+    summary = page.evaluate(PLAN_SUMMARY)
+    assert f"Peak per device: {expected.device.peak_bytes / 2 ** 30:,.1f} GiB" in summary, summary
+    assert planner_page.DEFAULT_MODEL in summary
+    assert page.locator("#plan-bars img").count() == 1 == page.locator("#plan-curve img").count()
+
+    page.locator(".chips button", has_text="Qwen2.5-0.5B").click()  # fills the box; the button asks again
+    page.wait_for_function("() => document.querySelector('#plan-model textarea, #plan-model input').value "
+                           "=== 'Qwen2.5-0.5B'")
+    page.click("#plan")
+    page.wait_for_function(f"() => ({PLAN_SUMMARY})().includes('Qwen2.5-0.5B')")
+    _check_readable(page)  # the planner's figures are described too, and its text has AA contrast
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "browser-plan-timing.json").write_text(json.dumps({"click_to_first_plan_s": answer_s}))
+
+
 def test_on_a_phone_every_collator_is_readable_and_run_stays_in_reach(browser, lab_app):
     phone = _tab(browser, PHONE)
     phone.goto(lab_app.demo.local_url)

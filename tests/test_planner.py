@@ -16,8 +16,8 @@ from demo_core.engine import prepare
 from demo_core.errors import DemoInputError
 from demo_core.memory_estimate import StepShape
 from demo_core.models import PRESETS
-from demo_core.planner import (GPU_SIZES_GB, PlanRequest, load_config, per_device_estimate, plan, shipped_configs,
-                               training_settings)
+from demo_core.planner import (GPU_SIZES_GB, PlanRequest, largest_fit_words, load_config, per_device_estimate, plan,
+                               shipped_configs, training_settings)
 
 GIB = 2 ** 30
 SMALL_RUN = dict(model="tiny-llama", dataset="flan-like", samples=24, steps=2, batch_size=4, precision="fp32",
@@ -165,3 +165,15 @@ def test_plan_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert main(["plan", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_a_plan_that_fits_nowhere_says_so_and_what_would_help():
+    # A full fine-tune of 8B parameters needs ~16 bytes each before any activation: over 80 GB at any batch.
+    stuck = plan(PlanRequest(model="Llama-3.1-8B", batch_size=8, seq_length=2048)).to_dict()
+    assert stuck["max_batch_size"] == 0 == stuck["max_seq_length"]
+    words = largest_fit_words(stuck)
+    assert words.startswith("on 80 GB: not one example of 2,048 tokens fits; no length fits at batch size 8")
+    assert "LoRA" in words
+    fitting = plan(PlanRequest(model="SmolLM2-135M", batch_size=8, seq_length=2048)).to_dict()
+    assert largest_fit_words(fitting) == (f"on 80 GB: largest batch size {fitting['max_batch_size']} at 2,048 tokens; "
+                                          f"longest sequence {fitting['max_seq_length']:,} tokens at batch size 8")
