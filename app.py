@@ -301,10 +301,10 @@ def build_demo() -> gr.Blocks:
                 inputs = layout.settings_column(LIMITS, DEFAULTS)
             with gr.Column(scale=3):
                 views = layout.views_column()
-        planner_page.build_planner_section(demo)
         # What each section shows (serving.provenance), and the batch picture's width (set by WITH_PICTURE_WIDTH).
         shown_preview, shown_run = gr.State(None), gr.State(provenance.NO_RUN)
         picture_px = gr.Number(visible=False)
+        planner_page.build_planner_section(demo, picture_px)
         _wire(demo, bar, inputs, views, shown_preview, shown_run, picture_px)
     # One training job at a time: every training event shares the "training" group under this default limit.
     demo.queue(default_concurrency_limit=1)

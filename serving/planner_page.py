@@ -23,11 +23,12 @@ from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
 from demo_core.planner import (GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest, device_estimate,
                                largest_fit_words, plan, shipped_configs)
-from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS
+from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
 
 from .api_docs import documented_api
 from .errors import user_errors
 from .layout import text_with_chips
+from .page import WITH_PICTURE_WIDTH, figure_width_in
 
 PlanPrecision = Literal[ESTIMATE_PRECISION_NAMES]  # type: ignore[valid-type]
 PlanOptimizer = Literal[ESTIMATE_OPTIMIZER_NAMES]  # type: ignore[valid-type]
@@ -90,13 +91,19 @@ def plan_api(model: str = DEFAULT_MODEL, batch_size: int = 8, seq_length: int = 
                          gradient_checkpointing, gpus, shard, gpu_gb)).to_dict()
 
 
-def plan_page(*values) -> tuple[str, Figure, Figure]:
-    """(summary, stacked bars padded vs packed, sequence-length curve) for the widgets' values."""
-    request = _request(*values).validated()
+def plan_page(model: str, batch_size, seq_length, dataset: str, packed: bool, precision: str, optimizer: str,
+              lora_rank, qlora: bool, gradient_checkpointing: bool, gpus, shard: str, gpu_gb,
+              picture_px: float | None = None) -> tuple[str, Figure, Figure]:
+    """(summary, stacked bars padded vs packed, sequence-length curve) for the widgets' values, the figures drawn
+    for the width the page shows its pictures at (`picture_px`, as the run's figures)."""
+    request = _request(model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
+                       gradient_checkpointing, gpus, shard, gpu_gb).validated()
     chosen = plan(request)
     other = device_estimate(dataclasses.replace(request, packed=not request.packed))
     padded, packed = (other, chosen.device) if request.packed else (chosen.device, other)
-    return summary_markdown(chosen), bars_figure(padded, packed, request.packed), scaling_figure(chosen)
+    width_in = figure_width_in(picture_px, RESULT_WIDTH_IN)
+    return (summary_markdown(chosen), bars_figure(padded, packed, request.packed, width_in),
+            scaling_figure(chosen, width_in))
 
 
 def warm_up_in_background() -> threading.Thread:
@@ -132,9 +139,10 @@ def _gpu_lines(axes) -> None:
             axes.text(axes.get_xlim()[1], gb, f" {gb} GB", color=color, va="center", ha="left", fontsize=8)
 
 
-def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: bool) -> Figure:
+def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: bool,
+                width_in: float = RESULT_WIDTH_IN) -> Figure:
     """What is alive at each estimate's peak, stacked by category, with the common GPU sizes drawn across."""
-    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     tallest = 0.0
     for position, (label, device) in enumerate((("padded", padded), ("packed", packed))):
@@ -157,13 +165,14 @@ def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: b
     axes.set_ylabel("GiB per device at the peak of a step")
     axes.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES], fontsize=7,
                 ncols=3, loc="upper left")
-    axes.set_title("Will it fit? Memory alive at the peak, per category\n(dashed: common GPU sizes)", fontsize=10)
+    axes.set_title(wrap_lines("Will it fit? Memory alive at the peak, per category\n(dashed: common GPU sizes)",
+                              int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
     return figure
 
 
-def scaling_figure(result: Plan) -> Figure:
+def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN) -> Figure:
     """Peak per device against the sequence length, padded and packed, at the request's batch size."""
-    figure = Figure(figsize=(6.5, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
     lengths = [row["seq_length"] for row in result.scaling]
     for key, label, style, color in (("padded_bytes", "padded", "-", "#8c8c8c"),
@@ -175,12 +184,14 @@ def scaling_figure(result: Plan) -> Figure:
     axes.set_ylim(0, top * 1.15)
     axes.axvline(result.request.seq_length, color="black", linewidth=0.8)
     _gpu_lines(axes)
-    axes.set_xlabel("sequence length (tokens per example; a length profile is cut to it)")
+    # 10-pt axis labels fit about 11 characters per inch less the y axis' margin.
+    axes.set_xlabel(wrap_lines("sequence length (tokens per example; a length profile is cut to it)",
+                               int(width_in * 11) - 10))
     axes.set_ylabel("GiB per device at the peak")
     axes.legend(fontsize=7, loc="upper left")
     profile = result.request.dataset or "equal lengths"
-    axes.set_title(f"Memory against sequence length (batch size {result.request.batch_size}, {profile})\n"
-                   f"vertical line: the length asked", fontsize=10)
+    axes.set_title(wrap_lines(f"Memory against sequence length (batch size {result.request.batch_size}, {profile})\n"
+                              f"vertical line: the length asked", int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
     return figure
 
 
@@ -192,8 +203,9 @@ FIGURE_TEXT = {
 }
 
 
-def build_planner_section(demo: gr.Blocks) -> None:
-    """The section's widgets and wiring, inside the page's `gr.Blocks`; also registers the `/plan` endpoint."""
+def build_planner_section(demo: gr.Blocks, picture_px: gr.Number) -> None:
+    """The section's widgets and wiring, inside the page's `gr.Blocks`; also registers the `/plan` endpoint.
+    `picture_px` is the page's hidden width of its pictures, which `WITH_PICTURE_WIDTH` fills in."""
     gr.Markdown("## 4 · Will it fit? Memory of a real fine-tune, without training\n"
                 "The same estimate every run above checks against its measurement, for real model sizes: "
                 "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs.")
@@ -233,6 +245,7 @@ def build_planner_section(demo: gr.Blocks) -> None:
         chip.click(lambda choice=choice: choice, outputs=model.box, queue=False, show_progress="hidden",
                    api_visibility="private")
     # No model runs and no training: it must not wait behind a training job, so it has its own group.
-    gr.on([button.click, model.box.submit], user_errors(plan_page), inputs=inputs, outputs=[summary, bars, curve],
-          api_visibility="private", concurrency_id="plan", concurrency_limit=4)
+    gr.on([button.click, model.box.submit], user_errors(plan_page), inputs=[*inputs, picture_px],
+          js=WITH_PICTURE_WIDTH, outputs=[summary, bars, curve], api_visibility="private", concurrency_id="plan",
+          concurrency_limit=4)
     documented_api(demo, user_errors(plan_api), "plan", "plan", concurrency_id="plan", concurrency_limit=4)

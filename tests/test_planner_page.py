@@ -6,6 +6,7 @@ import gradio as gr
 import pytest
 
 from serving import planner_page
+from figure_checks import cut_off
 from demo_core.errors import DemoInputError
 
 GIB = 2 ** 30
@@ -51,7 +52,7 @@ def test_page_reads_no_local_files_and_names_bad_values(change, message):
 
 def test_section_builds_inside_blocks_and_registers_plan():
     with gr.Blocks() as demo:
-        planner_page.build_planner_section(demo)
+        planner_page.build_planner_section(demo, gr.Number(visible=False))
     endpoint = demo.get_api_info()["named_endpoints"]["/plan"]
     assert list(demo.get_api_info()["named_endpoints"]) == ["/plan"]
     # named, described parameters (not "1st Api component"), in the documented order
@@ -69,3 +70,12 @@ def test_the_server_plans_the_pages_first_question_before_anyone_asks(monkeypatc
     monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
     summary, _, _ = planner_page.plan_page(planner_page.DEFAULT_MODEL, *planner_page.PAGE_DEFAULTS.values())
     assert "Peak per device" in summary and probed_after_warm_up == []  # every probe it needs was fitted ahead
+
+
+@pytest.mark.parametrize("picture_px", [326, 1065])  # a phone's width, a desktop's (the figures cap at 6.5 in)
+def test_the_figures_are_drawn_for_the_width_the_page_shows_them_at(picture_px):
+    # Drawn wider than shown, the browser shrinks them and their text with them (to 63% on a phone at 6.5 in).
+    _, bars, curve = planner_page.plan_page(*QLORA_8B, picture_px=picture_px)
+    for figure in (bars, curve):
+        assert figure.get_size_inches()[0] * figure.dpi == pytest.approx(min(picture_px, 6.5 * figure.dpi))
+        assert cut_off(figure) == []  # and every text stays inside at that width

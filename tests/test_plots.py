@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.text import Text
 
 import demo_core
 from demo_core import batch_picture, plots
+from figure_checks import PHONE_IN, cut_off, drawn_texts
 
 # 5 steps: step 1 is warm-up and step 2 profiled, so 3 are timed, the fewest that give a speedup.
 CONFIG = demo_core.RunConfig(samples=32, steps=5, batch_size=4, max_length=256,
@@ -148,7 +148,6 @@ def test_results_figures_draw_a_run_in_progress(document):
 
 EVERY_COLLATOR = demo_core.RunConfig(samples=8, steps=2, batch_size=2, max_length=128,
                                      collators=tuple(demo_core.COLLATORS))
-PHONE_IN = 4.0  # a 390 px wide phone shows a figure ~326 px wide: the page asks for 4.1 in (serving.page)
 
 
 @pytest.fixture(scope="module")
@@ -157,35 +156,14 @@ def every_collator():
     return demo_core.preview(prepared), demo_core.run_comparison(prepared).to_dict()
 
 
-def _drawn_texts(figure: Figure) -> list:
-    """The texts matplotlib draws (tick labels of ticks outside an axis' view exist but are not drawn)."""
-    FigureCanvasAgg(figure).draw()
-    skipped = set()
-    for axes in figure.axes:
-        for axis in (axes.xaxis, axes.yaxis):
-            low, high = sorted(axis.get_view_interval())
-            skipped |= {id(label) for tick in axis.get_major_ticks() if not low <= tick.get_loc() <= high
-                        for label in (tick.label1, tick.label2)}
-    return [text for text in figure.findobj(Text)
-            if id(text) not in skipped and text.get_visible() and text.get_text().strip()]
-
-
-def _cut_off(figure: Figure) -> list[str]:
-    """The texts that reach past the figure's edge, where the page cuts them."""
-    texts, inside = _drawn_texts(figure), figure.bbox.padded(1)
-    extents = [text.get_window_extent(figure.canvas.get_renderer()) for text in texts]
-    return [text.get_text() for text, extent in zip(texts, extents)
-            if not (inside.contains(*extent.min) and inside.contains(*extent.max))]
-
-
 @pytest.mark.parametrize("width_in", [PHONE_IN, 9, batch_picture.BATCH_MAX_IN])
 def test_the_batch_picture_keeps_every_text_inside_and_readable_at_any_width(every_collator, width_in):
     preview, _ = every_collator
     figure = batch_picture.batch_figure(preview, width_in)
     assert figure.get_size_inches()[0] == pytest.approx(width_in)
-    assert _cut_off(figure) == []
+    assert cut_off(figure) == []
     # The page shows a figure at FIGURE_DPI CSS pixels per inch, so a p-point text is ~1.1 p pixels high.
-    assert min(text.get_fontsize() for text in _drawn_texts(figure)) >= batch_picture.SMALL_PT
+    assert min(text.get_fontsize() for text in drawn_texts(figure)) >= batch_picture.SMALL_PT
     texts = _texts(figure)
     assert "trl-bfd" in texts and "used by" in texts  # the packed rows and every mask's users are drawn
 
@@ -193,9 +171,9 @@ def test_the_batch_picture_keeps_every_text_inside_and_readable_at_any_width(eve
 @pytest.mark.parametrize("width_in", [PHONE_IN, plots.RESULT_WIDTH_IN])
 def test_results_figures_keep_every_text_inside_with_every_collator(every_collator, width_in):
     _, document = every_collator
-    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure):
+    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure, plots.anatomy_figure):
         figure = draw(document, width_in)
-        assert _cut_off(figure) == [], draw.__name__
+        assert cut_off(figure) == [], draw.__name__
     loss = plots.loss_figure(document, width_in)
     FigureCanvasAgg(loss).draw()
     [legend] = loss.legends  # seven collators' names below the curves, not over them
