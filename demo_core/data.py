@@ -95,25 +95,52 @@ def builtin_texts(name: str, count: int, seed: int) -> list[str]:
     return [_GENERATORS[name](rng) for _ in range(count)]
 
 
+# The columns of the common fine-tuning schemas (Alpaca, FLAN, OrcaMath, prompt/completion, chat), tried in order.
+# Every prompt-like column present is kept, in this order (Alpaca's `instruction` and its optional `input`); then the
+# first answer-like one.
+PROMPT_COLUMNS = ("prompt", "instruction", "input", "inputs", "question", "query")
+RESPONSE_COLUMNS = ("response", "output", "completion", "answer", "targets")
+CHAT_COLUMNS = ("messages", "conversations")  # [{"role", "content"}] or ShareGPT's [{"from", "value"}]
+
+
+def _message_text(message, where: str) -> str:
+    """"role: content" of one chat message; content given as text parts ([{"type": "text", "text": ...}]) is
+    joined, other parts (images) are left out."""
+    if not isinstance(message, dict):
+        raise DemoInputError(f"{where}: every message needs 'role' and 'content' (or ShareGPT's 'from' and 'value')")
+    role, content = message.get("role", message.get("from")), message.get("content", message.get("value"))
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise DemoInputError(f"{where}: every message needs 'role' and 'content' (or ShareGPT's 'from' and 'value')")
+    return f"{role}: {content}"
+
+
+def _chat_text(messages: list, where: str) -> str:
+    return "\n".join(_message_text(message, where) for message in messages)
+
+
 def _record_text(record, where: str) -> str:
     """One training text from one record of any supported schema."""
     if not isinstance(record, dict):
         raise DemoInputError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if isinstance(record.get("text"), str):
         return record["text"]
-    prompt = record.get("prompt", record.get("instruction"))
-    response = record.get("response", record.get("output", record.get("completion")))
-    if isinstance(prompt, str) and isinstance(response, str):
+    # TRL's conversational prompt/completion: both are lists of messages.
+    if isinstance(record.get("prompt"), list) and isinstance(record.get("completion"), list):
+        return _chat_text(record["prompt"] + record["completion"], where)
+    prompt = "\n".join(record[column] for column in PROMPT_COLUMNS
+                       if isinstance(record.get(column), str) and record[column])
+    response = next((record[column] for column in RESPONSE_COLUMNS if isinstance(record.get(column), str)), None)
+    if prompt and response is not None:
         return f"{prompt}\n{response}"
-    messages = record.get("messages")
-    if isinstance(messages, list) and messages:
-        try:
-            return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-        except (TypeError, KeyError):
-            raise DemoInputError(f"{where}: every message needs 'role' and 'content'") from None
+    for column in CHAT_COLUMNS:
+        if isinstance(record.get(column), list) and record[column]:
+            return _chat_text(record[column], where)
     raise DemoInputError(
-        f"{where}: no usable text; give a 'text' column, 'prompt'/'instruction' with 'response'/'output', "
-        f"or chat 'messages' (found columns: {', '.join(sorted(record)) or 'none'})"
+        f"{where}: no usable text; give a 'text' column, a prompt ({'/'.join(PROMPT_COLUMNS)}) with an answer "
+        f"({'/'.join(RESPONSE_COLUMNS)}), or chat 'messages'/'conversations' "
+        f"(found columns: {', '.join(sorted(record)) or 'none'})"
     )
 
 

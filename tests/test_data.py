@@ -49,6 +49,19 @@ def test_all_examples_too_long_is_refused(tokenizer):
     ({"instruction": "say hi", "output": "hi"}, "say hi\nhi"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
      "user: hi\nassistant: hello"),
+    # The blog's datasets as the hub has them: OrcaMath's question/answer, FLAN's inputs/targets.
+    ({"question": "2+2?", "answer": "4"}, "2+2?\n4"),
+    ({"inputs": "Translate: hallo", "targets": "hello", "task": "wmt"}, "Translate: hallo\nhello"),
+    # Alpaca keeps its optional input; an empty one adds nothing.
+    ({"instruction": "add", "input": "2 and 3", "output": "5"}, "add\n2 and 3\n5"),
+    ({"instruction": "say hi", "input": "", "output": "hi"}, "say hi\nhi"),
+    ({"prompt": "2+2?", "completion": ""}, "2+2?\n"),
+    # ShareGPT conversations, TRL's conversational prompt/completion, content given as text parts.
+    ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+     "human: hi\ngpt: hello"),
+    ({"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "hello"}]},
+     "user: hi\nassistant: hello"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image"}]}]}, "user: hi"),
 ])
 def test_jsonl_schemas(tmp_path, tokenizer, record, expected):
     path = tmp_path / "data.jsonl"
