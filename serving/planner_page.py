@@ -107,11 +107,17 @@ def plan_page(model: str, batch_size, seq_length, dataset: str, packed: bool, pr
 
 
 def warm_up_in_background() -> threading.Thread:
-    """Plans the page's default question once, in a daemon thread, when the server starts: the first answer for a
-    model fits its activation probes (about a second on an idle 2-core CPU, see docs/MEMORY.md), and this moves
-    that second from the first visitor's click to the server's start-up. Later answers for the model are cached."""
-    thread = threading.Thread(target=plan_page, args=(DEFAULT_MODEL, *PAGE_DEFAULTS.values()), daemon=True,
-                              name="planner-warm-up")
+    """Plans the section's opening question in a daemon thread when the server starts, for the default model first,
+    then for every model chip: a model's first answer fits its activation probes (about a second on an idle 2-core
+    CPU, see docs/MEMORY.md), and this moves those seconds from a visitor's click to the server's start-up. Other
+    settings (LoRA, checkpointing, another precision) still fit their probes on first use."""
+    models = [DEFAULT_MODEL, *(model for model in shipped_configs() if model != DEFAULT_MODEL)]
+
+    def plan_each() -> None:
+        for model in models:
+            plan_page(model, *PAGE_DEFAULTS.values())
+
+    thread = threading.Thread(target=plan_each, daemon=True, name="planner-warm-up")
     thread.start()
     return thread
 

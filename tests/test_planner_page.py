@@ -61,15 +61,17 @@ def test_section_builds_inside_blocks_and_registers_plan():
     assert all(parameter["label"] == parameter["parameter_name"] for parameter in endpoint["parameters"])
 
 
-def test_the_server_plans_the_pages_first_question_before_anyone_asks(monkeypatch):
+def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyone_asks(monkeypatch):
     from demo_core import activation_probe
 
     monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})  # as a fresh server: no model probed yet
-    planner_page.warm_up_in_background().join(timeout=300)
+    planner_page.warm_up_in_background().join(timeout=600)
     probed_after_warm_up = []
     monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
-    summary, _, _ = planner_page.plan_page(planner_page.DEFAULT_MODEL, *planner_page.PAGE_DEFAULTS.values())
-    assert "Peak per device" in summary and probed_after_warm_up == []  # every probe it needs was fitted ahead
+    for model in planner_page.shipped_configs():  # the chips under the model box
+        summary, _, _ = planner_page.plan_page(model, *planner_page.PAGE_DEFAULTS.values())
+        assert "Peak per device" in summary
+    assert probed_after_warm_up == []  # every probe they need was fitted ahead
 
 
 @pytest.mark.parametrize("picture_px", [326, 1065])  # a phone's width, a desktop's (the figures cap at 6.5 in)
