@@ -36,8 +36,8 @@ ShardName = Literal[SHARDING_NAMES]  # type: ignore[valid-type]
 GIB = 2 ** 30
 EQUAL_LENGTHS = "equal lengths"
 DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
-# The section's inputs as the page opens, in `plan_page`'s order after the model (the widgets and the warm-up read
-# them, so the plan the server computes ahead is the one a first visitor asks for).
+# The section's inputs as the page opens, by `plan_page`'s parameter names (the widgets and the warm-up read them,
+# so the plan the server computes ahead is the one a first visitor asks for).
 PAGE_DEFAULTS = {"batch_size": 8, "seq_length": 2048, "dataset": "flan-like", "packed": False, "precision": "bf16",
                  "optimizer": "adamw", "lora_rank": 0, "qlora": False, "gradient_checkpointing": False, "gpus": 1,
                  "shard": "none", "gpu_gb": 80}
@@ -96,14 +96,21 @@ def plan_page(model: str, batch_size, seq_length, dataset: str, packed: bool, pr
               picture_px: float | None = None) -> tuple[str, Figure, Figure]:
     """(summary, stacked bars padded vs packed, sequence-length curve) for the widgets' values, the figures drawn
     for the width the page shows its pictures at (`picture_px`, as the run's figures)."""
-    request = _request(model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
-                       gradient_checkpointing, gpus, shard, gpu_gb).validated()
-    chosen = plan(request)
-    other = device_estimate(dataclasses.replace(request, packed=not request.packed))
-    padded, packed = (other, chosen.device) if request.packed else (chosen.device, other)
+    chosen, padded, packed = _plan_both_layouts(_request(
+        model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
+        gradient_checkpointing, gpus, shard, gpu_gb))
     width_in = figure_width_in(picture_px, RESULT_WIDTH_IN)
-    return (summary_markdown(chosen), bars_figure(padded, packed, request.packed, width_in),
+    return (summary_markdown(chosen), bars_figure(padded, packed, chosen.request.packed, width_in),
             scaling_figure(chosen, width_in))
+
+
+def _plan_both_layouts(request: PlanRequest) -> tuple[Plan, DeviceEstimate, DeviceEstimate]:
+    """The asked plan, and the estimates padded and packed (the plan's own and the other layout's) it is shown
+    beside."""
+    chosen = plan(request)  # validates it
+    other = device_estimate(dataclasses.replace(chosen.request, packed=not chosen.request.packed))
+    padded, packed = (other, chosen.device) if chosen.request.packed else (chosen.device, other)
+    return chosen, padded, packed
 
 
 def warm_up_in_background() -> threading.Thread:
@@ -113,9 +120,9 @@ def warm_up_in_background() -> threading.Thread:
     settings (LoRA, checkpointing, another precision) still fit their probes on first use."""
     models = [DEFAULT_MODEL, *(model for model in shipped_configs() if model != DEFAULT_MODEL)]
 
-    def plan_each() -> None:
+    def plan_each() -> None:  # what `plan_page` computes, without drawing the figures
         for model in models:
-            plan_page(model, *PAGE_DEFAULTS.values())
+            _plan_both_layouts(_request(model, **PAGE_DEFAULTS))
 
     thread = threading.Thread(target=plan_each, daemon=True, name="planner-warm-up")
     thread.start()

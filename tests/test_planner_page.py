@@ -69,7 +69,7 @@ def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyon
     probed_after_warm_up = []
     monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
     for model in planner_page.shipped_configs():  # the chips under the model box
-        summary, _, _ = planner_page.plan_page(model, *planner_page.PAGE_DEFAULTS.values())
+        summary, _, _ = planner_page.plan_page(model, **planner_page.PAGE_DEFAULTS)
         assert "Peak per device" in summary
     assert probed_after_warm_up == []  # every probe they need was fitted ahead
 
