@@ -106,9 +106,9 @@ CHAT_COLUMNS = ("messages", "conversations")  # [{"role", "content"}] or ShareGP
 def _message_text(message, where: str) -> str:
     """"role: content" of one chat message; content given as text parts ([{"type": "text", "text": ...}]) is
     joined, other parts (images) are left out."""
-    if not isinstance(message, dict):
-        raise DemoInputError(f"{where}: every message needs 'role' and 'content' (or ShareGPT's 'from' and 'value')")
-    role, content = message.get("role", message.get("from")), message.get("content", message.get("value"))
+    role = content = None
+    if isinstance(message, dict):
+        role, content = message.get("role", message.get("from")), message.get("content", message.get("value"))
     if isinstance(content, list):
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     if not isinstance(role, str) or not isinstance(content, str):
