@@ -48,6 +48,9 @@ class TrainingJob:
     budget_s: float | None  # training time before the run stops itself; None: no limit
     first_step_s: float  # the predicted setup + first step: the stop reserve until a step has been measured
     dataset_file: str | None = None  # an upload's server path: read here, never recorded
+    # The server's own preparation of the run, handed over off ZeroGPU so that a click prepares once; None on
+    # ZeroGPU, where the worker prepares its own (a Prepared holds a model source that need not pickle).
+    prepared: demo_core.Prepared | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def requested_duration_s(job: TrainingJob) -> int:
@@ -81,7 +84,7 @@ def _train_in_thread(prepared: demo_core.Prepared, signal: StopSignal, events: q
 
 def train(job: TrainingJob) -> Iterator[tuple]:
     signal = StopSignal(job.stop_marker, job.budget_s, job.first_step_s)  # the budget counts from here
-    prepared = demo_core.prepare(job.config, job.limits, dataset_file=job.dataset_file)
+    prepared = job.prepared or demo_core.prepare(job.config, job.limits, dataset_file=job.dataset_file)
     events: queue.Queue = queue.Queue()
     worker = _train_in_thread(prepared, signal, events)
     finished = False

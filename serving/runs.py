@@ -67,7 +67,7 @@ def plan(prepared: Prepared, history: RunHistory, limits: Limits, stop_marker,
     gpu_duration_s = math.ceil(needed_s)
     budget_s = gpu_duration_s - start_s if gpu.ON_ZEROGPU else cap_s
     return gpu.TrainingJob(config, limits, str(stop_marker), gpu_duration_s, budget_s, estimate.first_step_s,
-                           None if upload is None else str(upload.path))
+                           None if upload is None else str(upload.path), None if gpu.ON_ZEROGPU else prepared)
 
 
 def train_and_save(job: gpu.TrainingJob, history: RunHistory, session: Session,

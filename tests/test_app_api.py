@@ -158,6 +158,22 @@ def test_page_progress_counts_every_collators_steps_as_they_take_turns(lab_app):
     assert "Backward / forward time" in final[-5]
 
 
+def test_a_run_click_prepares_its_run_once(lab_app, monkeypatch):
+    # Loading the model source and tokenizing the data is a full reload for a hub model: once per click, and the
+    # same preparation trains (off ZeroGPU; a ZeroGPU worker prepares its own, see test_zerogpu).
+    prepared = []
+    real_prepare = demo_core.prepare
+    monkeypatch.setattr(demo_core, "prepare", lambda *args, **kwargs: prepared.append(real_prepare(*args, **kwargs))
+                        or prepared[-1])
+    trained = []
+    real_run = demo_core.run_comparison
+    monkeypatch.setattr(demo_core, "run_comparison", lambda run, **kwargs: trained.append(run) or real_run(run, **kwargs))
+    *_, final = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto",
+                                 "adamw", 0, 1024, request=types.SimpleNamespace(session_hash="prepare-once"),
+                                 progress=lambda *args, **kwargs: None)
+    assert final[1].startswith("### Done") and len(prepared) == 1 and trained == prepared
+
+
 def test_history_survives_a_torn_last_line(tmp_path, caplog):
     history = RunHistory(tmp_path)
     history.append({"run": 1})
