@@ -11,7 +11,7 @@ anatomy" (tensor contractions, statistical normalizations, element-wise operator
   matmul         mm / addmm / bmm / linear ...: the weight matmuls and eager attention's score products
   attention      the attention kernels (SDPA, flash, varlen: scores, softmax and weighted sum fused) and the Python
                  of the attention modules between operators (varlen's segment bookkeeping); eager attention has no
-                 kernel: its score products are matmul and its softmax normalization, as in the seed
+                 kernel: its score products are matmul and its softmax normalization, as in the anatomy page
   normalization  softmax / log-softmax and the loss on it, layer norm, RMS norm (inside a norm module)
   elementwise    activations, residual adds, multiplies, dropout, casts, copies, gathers and scatters (memory-bound
                  work per element: rotary embeddings, varlen's segment gather/scatter, embedding lookups)
@@ -50,6 +50,13 @@ logger = logging.getLogger(__name__)
 PROFILED_STEP = 2  # step 1 is the warm-up; the profiled step is the next one
 PHASES = ("forward", "backward", "optimizer", "data", "other")
 OP_CLASSES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "data", "other")
+
+
+def backward_over_forward(anatomy: dict) -> float | None:
+    """A `time_anatomy`'s backward time over its forward time (transformers' "model training anatomy" puts it at
+    about 2)."""
+    forward = anatomy["phases"]["forward"]
+    return anatomy["phases"]["backward"] / forward if forward else None
 
 _profiler_initialized = False
 

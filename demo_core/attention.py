@@ -136,7 +136,6 @@ def _buckets(starts: np.ndarray, lengths: np.ndarray) -> list[tuple[np.ndarray, 
     return buckets
 
 
-
 def bucket_shapes(lengths: list[int]) -> list[tuple[int, int]]:
     """(segments, padded length) of each SDPA call the CPU path makes for these segment lengths (memory estimate)."""
     lengths = np.asarray(lengths, dtype=np.int64)

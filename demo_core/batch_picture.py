@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from .collators import collator_spec
+from .config import PER_SEGMENT_ATTENTION
 from .plots import FIGURE_DPI, wrap_lines
 
 EXAMPLE_COLORS = colormaps["tab10"].colors  # one colour per example of the batch (not per collator)
@@ -208,7 +209,7 @@ _SCORE_FORMULAS = {"attention_scores_padded": "B·L²", "attention_scores_dense_
 
 def _panels_in_use(collators: list[str], attention: str) -> dict[str, list[str]]:
     """Which collator of this run computes which mask (the app highlights those panels)."""
-    packed_panel = "varlen" if attention in ("varlen", "flash_attention_2") else "dense"
+    packed_panel = "varlen" if attention in PER_SEGMENT_ATTENTION else "dense"
     panel_of_layout = {"padded": "padded", "naive": "naive", "packed": packed_panel}
     in_use: dict[str, list[str]] = {}
     for name in collators:

@@ -9,11 +9,9 @@ from __future__ import annotations
 from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
 from .memory_measure import CATEGORIES
 from .models import PRESETS
-from .planner import (DEFAULT_CUDA_CONTEXT_GB, SHARDING_NAMES, PlanRequest, largest_fit_words, plan,
+from .planner import (DEFAULT_CUDA_CONTEXT_GB, GIB, SHARDING_NAMES, PlanRequest, largest_fit_words, plan,
                       shipped_configs)
 from .results import write_json
-
-_GIB = 2 ** 30
 
 
 def add_plan_parser(commands) -> None:
@@ -64,7 +62,7 @@ def run_plan(args) -> None:
 
 
 def _gib(nbytes: int) -> str:
-    return f"{nbytes / _GIB:,.2f}"
+    return f"{nbytes / GIB:,.2f}"
 
 
 def format_plan(document: dict) -> str:

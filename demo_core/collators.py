@@ -61,7 +61,6 @@ class PaddedCollator(RecordingCollator):
     Returns `input_ids` and `attention_mask` (B, L_max) and `labels` (B, L_max) with -100 on padding.
     """
 
-
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         super().__init__(tokenizer)
         self._pad = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100, return_tensors="pt")
@@ -79,7 +78,6 @@ class FlattenCollator(RecordingCollator):
     the first label of each example set to -100; `cu_seq_lens_q/k` (int32, B+1) and `max_length_q/k` (int) for
     varlen kernels; `seq_idx` (1, Σ lengths). No `attention_mask`: its absence is what turns packing on.
     """
-
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         super().__init__(tokenizer)
@@ -99,7 +97,6 @@ class NaiveConcatCollator(RecordingCollator):
     `flatten`: the only difference left is the contamination.
     """
 
-
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         super().__init__(tokenizer)
         self._flatten = DataCollatorWithFlattening(return_position_ids=False)
@@ -116,7 +113,6 @@ class PackedRowsCollator(FlattenCollator):
     Splits every row back into its examples and flattens them all (same keys as `flatten`), so a batch of B packed
     rows is one padding-free row of up to B x max_length tokens.
     """
-
 
     def collate(self, features):
         examples = []
@@ -161,6 +157,10 @@ class CollatorSpec:
     loss_parity: bool = False
     color: str = "#333333"
     linestyle: str | tuple = "-"
+
+    def __post_init__(self):  # a registry entry, not user input: a wrong one is a programming error
+        if self.layout not in LAYOUTS or self.trainer not in ("trainer", "sft"):
+            raise ValueError(f"collator {self.name!r}: layout must be one of {LAYOUTS}, trainer 'trainer' or 'sft'")
 
     @property
     def needs_position_ids(self) -> bool:

@@ -17,6 +17,9 @@ ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# Attention paths that compute each segment's causal pairs only (no score matrix over the row, no mask): what the
+# work ideal counts, what the estimate's kernel formulas cover, which mask panel the batch picture marks as used.
+PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
 # Memory estimates (memory_estimate.py) and the planner (planner.py) answer for more than a run can train: resolved
 # names only ("auto" is picked before estimating), plus settings estimated but never trained here: bitsandbytes'
 # 8-bit AdamW, Adafactor, and pure bf16 (bf16 weights, gradients and optimizer state; no fp32 master copy).

@@ -32,7 +32,8 @@ import torch
 
 from . import activation_probe, lora
 from .attention import bucket_shapes
-from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
+from .config import (ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES,
+                     PER_SEGMENT_ATTENTION)
 
 _FP32_BYTES = 4
 _INT64_BYTES = 8
@@ -132,10 +133,9 @@ class TrainingSettings:
             raise ValueError("a quantized base trains through LoRA adapters: give lora_rank")
 
 
-def _check_choice(name: str, value: str, allowed: Sequence[str]) -> str:
+def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-    return value
 
 
 # ---- model facts: read from the config, counted exactly on the meta device --------------------------------------
@@ -251,7 +251,7 @@ def weight_bytes(config: Any, settings: TrainingSettings) -> int:
 
 def _probe_spec(step: StepShape, settings: TrainingSettings, checkpointing: bool) -> activation_probe.ProbeSpec:
     layout = "packed" if step.packed else ("masked" if step.has_padding else "rows")
-    kernel_by_formula = settings.attention in ("varlen", "flash_attention_2")
+    kernel_by_formula = settings.attention in PER_SEGMENT_ATTENTION
     return activation_probe.ProbeSpec(
         layout=layout, single_row=step.rows == 1, precision=settings.precision,
         attention=activation_probe.ATTENTION_KERNEL_EXCLUDED if kernel_by_formula else settings.attention,
@@ -443,7 +443,7 @@ def estimate_memory_detail(config: Any, step: StepShape, settings: TrainingSetti
         "temporary": max(temporaries.values()),
         "context": int(settings.context_bytes or 0),
     }
-    if settings.attention in ("varlen", "flash_attention_2"):
+    if settings.attention in PER_SEGMENT_ATTENTION:
         notes.append("varlen/flash kernels save a logsumexp per token, no scores: no quadratic memory term")
     if settings.precision in _AUTOCAST_PRECISIONS:
         notes.append("half-precision weight copies are counted in activations (amp_weight_copies)")

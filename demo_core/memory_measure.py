@@ -303,8 +303,3 @@ def measured_categories(
     measured["temporary"] = None  # only an allocator timeline (CUDA peaks per phase) shows temporaries
     measured["context"] = snapshot.get("context_bytes") if snapshot else None
     return measured
-
-
-# --------------------------------------------------------------------------------------------------------------
-# What-if, comparisons, the seed example
-# --------------------------------------------------------------------------------------------------------------

@@ -22,14 +22,14 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import data
 from .attention import model_class, resolve_attention  # the engine's own attention choice
-from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES, as_int
+from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES, as_float, as_int
 from .errors import DemoInputError
 from .memory_estimate import (StepPeak, StepShape, TrainingSettings, estimate_memory_detail, live_by_moment,
                               param_facts)
@@ -41,7 +41,7 @@ MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
 # A planner cannot measure the GPU it plans for. CUDA 12 with lazy module loading plus PyTorch's cuBLAS workspace is
 # a few hundred MB per process; pass --context-gb with a measured value (a run's memory report has one).
 DEFAULT_CUDA_CONTEXT_GB = 0.5
-_GIB = 2 ** 30
+GIB = 2 ** 30  # bytes per GiB: GPU sizes and the context are given in GB, counted as GiB
 _MAX_SEARCH_BATCH = 1 << 16
 
 
@@ -87,10 +87,10 @@ class PlanRequest:
             raise DemoInputError("QLoRA trains LoRA adapters on a 4-bit base: give a lora rank (e.g. 16)")
         if self.shard != "none" and ints["gpus"] == 1:
             raise DemoInputError(f"{self.shard} shards over several GPUs: give gpus of 2 or more")
-        gpu_gb = _as_gb("gpu gb", self.gpu_gb)
+        gpu_gb = as_float("gpu gb", self.gpu_gb)
         if gpu_gb <= 0:
             raise DemoInputError(f"gpu gb must be positive, got {self.gpu_gb}")
-        context_gb = None if self.context_gb is None else _as_gb("context gb", self.context_gb)
+        context_gb = None if self.context_gb is None else as_float("context gb", self.context_gb)
         if context_gb is not None and context_gb < 0:
             raise DemoInputError(f"context gb must be 0 or more, got {self.context_gb}")
         targets = tuple(t.strip() for t in str(self.lora_targets).split(",") if t.strip()) or ("all-linear",)
@@ -99,16 +99,6 @@ class PlanRequest:
         return dataclasses.replace(self, model=self.model.strip(), gpu_gb=gpu_gb, context_gb=context_gb,
                                    lora_targets=",".join(targets),
                                    dataset=(self.dataset or "").strip() or None, **ints)
-
-
-def _as_gb(name: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DemoInputError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise DemoInputError(f"{name} must be a finite number, got {value!r}")
-    return number
 
 
 # ---- models -------------------------------------------------------------------------------------------------------
@@ -158,7 +148,7 @@ def training_settings(request: PlanRequest, config: PretrainedConfig) -> Trainin
     return TrainingSettings(
         precision=request.precision, optimizer=request.optimizer, attention=_attention(request, config),
         gradient_checkpointing=request.gradient_checkpointing, device_type=request.device,
-        context_bytes=int(float(context_gb) * _GIB), lora_rank=request.lora_rank,
+        context_bytes=int(float(context_gb) * GIB), lora_rank=request.lora_rank,
         lora_targets=tuple(request.lora_targets.split(",")), quantized_base=request.qlora)
 
 
@@ -210,7 +200,7 @@ def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: Tra
                "zero3": ("optimizer", "gradients", "weights"), "fsdp": ("optimizer", "gradients", "weights")}
     for category in sharded.get(shard, ()):
         categories[category] = math.ceil(categories[category] / gpus)
-    if shard in ("zero1", "zero2", "zero3", "fsdp"):
+    if shard in sharded:
         temporaries["optimizer_step"] = math.ceil(temporaries["optimizer_step"] / gpus)
     gathered = buckets = 0  # alive through forward and backward, on top of the categories
     if shard in ("zero3", "fsdp"):
@@ -319,7 +309,7 @@ def device_estimate(request: PlanRequest) -> DeviceEstimate:
 def plan(request: PlanRequest) -> Plan:
     planning = _Planning.of(request)
     request, config, lengths = planning.request, planning.config, planning.lengths
-    budget_bytes = request.gpu_gb * _GIB
+    budget_bytes = request.gpu_gb * GIB
 
     def peak(batch_size: int, seq_length: int, packed: bool = request.packed) -> int:
         return planning.estimate(batch_size, seq_length, packed).peak_bytes
@@ -341,7 +331,7 @@ def plan(request: PlanRequest) -> Plan:
         notes.append(f"CUDA context assumed {DEFAULT_CUDA_CONTEXT_GB} GiB; pass a measured one (--context-gb)")
     step = step_shape(request.batch_size, request.seq_length, request.packed, lengths)
     return Plan(request, config.model_type, planning.settings.attention, step, device,
-                {gb: device.peak_bytes <= gb * _GIB for gb in GPU_SIZES_GB}, max_batch, max_seq, scaling, notes)
+                {gb: device.peak_bytes <= gb * GIB for gb in GPU_SIZES_GB}, max_batch, max_seq, scaling, notes)
 
 
 def _scaling_lengths(positions: int) -> list[int]:

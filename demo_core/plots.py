@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from .anatomy import backward_over_forward
 from .collators import BASELINE, collator_spec
 
 # Each collator's colour and line style come from its registry entry (the same in every figure); the line styles
@@ -253,8 +254,8 @@ def anatomy_figure(document: dict, width_in: float = ANATOMY_WIDTH_IN) -> Figure
                 axes.bar(position, milliseconds, bottom=bottom, color=color, edgecolor="white", linewidth=0.5,
                          label=name if position == 0 else None)
                 bottom += milliseconds
-            phases = anatomy["phases"]
-            label = (f"bwd/fwd {phases['backward'] / phases['forward']:.1f}×" if part == "phases" and phases["forward"]
+            ratio = backward_over_forward(anatomy)
+            label = (f"bwd/fwd {ratio:.1f}×" if part == "phases" and ratio is not None
                      else f"{anatomy['step_s'] * 1000:.0f} ms")
             axes.text(position, bottom, label, ha="center", va="bottom", fontsize=8)
         _collator_ticks(axes, list(range(len(profiled))), [_result_label(r) for r in profiled])

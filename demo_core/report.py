@@ -6,7 +6,7 @@
   attention path's;
 - `contamination_title`: what the contamination table checks, or why it is empty;
 - `FLAG_WORDS`: what each comparison flag means, for the page's table, the headline and the CLI;
-- `anatomy_table` / `anatomy_markdown`: where a profiled step's time went, and why the speedup misses its ideal;
+- `anatomy_rows` / `anatomy_markdown`: where a profiled step's time went, and why the speedup misses its ideal;
 - `run_summary`: one saved run in a line (the page's history table and the `/history` API);
 - `cost_markdown`: the before-training cost table of a preview;
 - `format_report`: the CLI's printed report.
@@ -20,7 +20,7 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
-from .anatomy import OP_CLASSES, PHASES
+from .anatomy import OP_CLASSES, PHASES, backward_over_forward
 from .collators import BASELINE, collator_spec
 
 
@@ -188,11 +188,6 @@ def headline(document: dict, seconds: float | None = None, attention_why: str | 
 # example attention (varlen / flash skip padding in the padded baseline too), the optimizer, data, Python overhead.
 SCALES_WITH_SLOTS = ("matmul", "normalization", "elementwise")
 DOES_NOT_SCALE = ("attention", "optimizer", "data", "other")
-
-
-def backward_over_forward(anatomy: dict) -> float | None:
-    forward = anatomy["phases"]["forward"]
-    return anatomy["phases"]["backward"] / forward if forward else None
 
 
 def anatomy_rows(document: dict, part: str) -> list[list[str]]:

@@ -18,8 +18,8 @@ import dataclasses
 import torch
 from transformers.pytorch_utils import Conv1D
 
-# Paths that attend per segment (causal pairs only); the others multiply a full (masked) score matrix.
-PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
+from .activation_probe import head_dim
+from .config import PER_SEGMENT_ATTENTION  # the others multiply a full (masked) score matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,10 +31,9 @@ class WorkModel:
     @classmethod
     def of(cls, model: torch.nn.Module) -> "WorkModel":
         config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         weights = sum(module.weight.numel() for module in model.modules()
                       if isinstance(module, (torch.nn.Linear, Conv1D)))
-        return cls(weights, config.num_attention_heads * head_dim, config.num_hidden_layers)
+        return cls(weights, config.num_attention_heads * head_dim(config), config.num_hidden_layers)
 
 
 def step_flops(work: WorkModel, lengths: list[int], layout: str, attention: str) -> float:

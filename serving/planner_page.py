@@ -21,8 +21,8 @@ from demo_core.config import ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
 from demo_core.data import BUILTIN_DATASETS
 from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
-from demo_core.planner import (GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest, device_estimate,
-                               largest_fit_words, plan, shipped_configs)
+from demo_core.planner import (GIB, GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest,
+                               device_estimate, largest_fit_words, plan, shipped_configs)
 from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
 
 from .api_docs import documented_api
@@ -33,7 +33,6 @@ from .page import WITH_PICTURE_WIDTH, figure_width_in
 PlanPrecision = Literal[ESTIMATE_PRECISION_NAMES]  # type: ignore[valid-type]
 PlanOptimizer = Literal[ESTIMATE_OPTIMIZER_NAMES]  # type: ignore[valid-type]
 ShardName = Literal[SHARDING_NAMES]  # type: ignore[valid-type]
-GIB = 2 ** 30
 EQUAL_LENGTHS = "equal lengths"
 DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
 # The section's inputs as the page opens, by `plan_page`'s parameter names (the widgets and the warm-up read them,

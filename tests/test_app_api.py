@@ -167,7 +167,8 @@ def test_a_run_click_prepares_its_run_once(lab_app, monkeypatch):
                         or prepared[-1])
     trained = []
     real_run = demo_core.run_comparison
-    monkeypatch.setattr(demo_core, "run_comparison", lambda run, **kwargs: trained.append(run) or real_run(run, **kwargs))
+    monkeypatch.setattr(demo_core, "run_comparison",
+                        lambda run, **kwargs: trained.append(run) or real_run(run, **kwargs))
     *_, final = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto",
                                  "adamw", 0, 1024, request=types.SimpleNamespace(session_hash="prepare-once"),
                                  progress=lambda *args, **kwargs: None)
