@@ -314,12 +314,13 @@ def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event:
     settings = prepared.burst_settings()
     bursts = _alternating_bursts if takes_turns(prepared.device) and len(prepared.specs) > 1 else _sequential_bursts
     results = bursts(prepared, settings, progress, stop_event, on_result)
-    # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a stopped run
-    # skips it, so that Stop ends the run promptly.
-    stopped = stop_event is not None and stop_event.is_set()
-    contamination = []
-    if distributed.is_main_process() and not stopped:
-        contamination = contamination_check(prepared.source, prepared.attention,
-                                            prepared.examples[: min(prepared.config.batch_size, 8)],
-                                            prepared.device, prepared.config.seed)
+    # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a run cut short
+    # skips it, so that Stop ends the run promptly. Cut short is what the results say, not the signal: a time budget
+    # that runs out after the last step has stopped nothing.
+    finished = prepared.comparison(results)
+    if finished.partial or not distributed.is_main_process():
+        return finished
+    contamination = contamination_check(prepared.source, prepared.attention,
+                                        prepared.examples[: min(prepared.config.batch_size, 8)], prepared.device,
+                                        prepared.config.seed)
     return prepared.comparison(results, contamination)

@@ -73,7 +73,9 @@ def _train_in_thread(prepared: demo_core.Prepared, signal: StopSignal, events: q
 
         try:
             comparison = demo_core.run_comparison(prepared, progress=progress, stop_event=signal, on_result=on_result)
-            events.put((DONE, {**comparison.to_dict(), "stop_reason": signal.reason}))
+            document = comparison.to_dict()
+            # Why it was cut short; a run that finished all its steps was stopped by nothing.
+            events.put((DONE, {**document, "stop_reason": signal.reason if document["partial"] else None}))
         except BaseException as error:  # handed to the generator, which raises it
             events.put(("error", error))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import demo_core
 from demo_core import DemoInputError, Limits, RunConfig, data_dir
 
-from .uploads import Upload
+from .uploads import Upload, upload_folder
 
 ALLOWED_ROOTS_ENV = "PACKING_LAB_ALLOWED_ROOTS"
 
@@ -34,7 +34,10 @@ def check_local_path(value, what: str, file_suffixes: tuple[str, ...] = ()) -> N
     if not (path.exists() or path.suffix in file_suffixes):
         return
     resolved = path.resolve()  # follows symlinks, so a link inside a root cannot point outside it
-    if not any(resolved.is_relative_to(root) for root in allowed_roots()):
+    # Gradio's upload folder holds other visitors' files: never readable by name, even under an allowed root (a
+    # data dir under /tmp, say).
+    inside_uploads = resolved.is_relative_to(upload_folder())
+    if inside_uploads or not any(resolved.is_relative_to(root) for root in allowed_roots()):
         raise DemoInputError(
             f"{what} path {value.strip()!r} is outside the folders this app may read; upload the file instead, or "
             f"ask the operator to add its folder to {ALLOWED_ROOTS_ENV}")
@@ -54,6 +57,10 @@ def prepare(limits: Limits, upload: Upload | None, model, dataset, samples, coll
 
 
 def config_from_document(document: dict) -> RunConfig:
-    """The config a saved run was made with (to redraw its batch)."""
+    """The config a saved run was made with (to redraw its batch), its local model and data paths held to the same
+    allowed roots as typed ones (the roots may have narrowed since the run)."""
     names = {field.name for field in dataclasses.fields(RunConfig)}
-    return RunConfig(**{key: value for key, value in document["config"].items() if key in names})
+    config = RunConfig(**{key: value for key, value in document["config"].items() if key in names})
+    check_local_path(config.model, "model")
+    check_local_path(config.dataset, "dataset", (".json", ".jsonl"))
+    return config

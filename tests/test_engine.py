@@ -1,6 +1,7 @@
 """The engine end to end on tiny models: packing is exact, losses agree, naive concatenation is visibly wrong."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -119,3 +120,14 @@ def test_ideal_speedup_follows_the_trainers_batches_when_the_data_does_not_divid
     # The timed steps: not step 1 (warm-up), not step 2 (profiled).
     timed_slots, timed_real = sum(padded["step_padded_slots"][2:]), sum(padded["step_real_tokens"][2:])
     assert document["ideal_speedup"] == pytest.approx(timed_slots / timed_real)
+
+
+def test_a_stop_that_comes_after_the_last_step_stops_nothing():
+    # A time budget can run out between the last step and the end of the run: the run is complete all the same,
+    # keeps its contamination check, and is not reported as cut short.
+    stop = threading.Event()
+    config = RunConfig(samples=16, steps=3, batch_size=4, collators=("padded", "flatten"))
+    finished = run_comparison(config, stop_event=stop,
+                              on_result=lambda result: stop.set() if result.collator == "flatten" else None)
+    assert stop.is_set() and not finished.partial
+    assert [result.steps for result in finished.results] == [3, 3] and finished.contamination

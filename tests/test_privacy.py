@@ -18,7 +18,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 import demo_core
-from serving import uploads
+from serving import inputs, uploads
 from serving.errors import as_ui_error
 
 TINY = dict(samples=16, steps=2, batch_size=4, collators="padded,flatten")
@@ -140,3 +140,27 @@ def test_a_file_over_the_upload_cap_gets_the_pages_message_through_the_api(lab_a
     with pytest.raises(Exception, match=r"dataset file 'big.jsonl' is 0.0 MB; the limit is 0.0 MB"):
         Client(lab_app.demo.local_url, verbose=False).predict(**TINY, dataset_file=handle_file(str(source)),
                                                               api_name="/preview")
+
+
+def test_the_upload_folder_is_never_readable_by_name_even_under_an_allowed_root(tmp_path, monkeypatch):
+    folder = uploads.upload_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    visitor_a = private_file(folder, f"{uuid.uuid4().hex}.jsonl")  # where Gradio keeps an upload
+    try:
+        # An operator's roots that happen to contain Gradio's folder (a data dir under /tmp, say).
+        monkeypatch.setenv(inputs.ALLOWED_ROOTS_ENV, str(folder.parent))
+        with pytest.raises(demo_core.DemoInputError, match="outside the folders this app may read"):
+            inputs.check_local_path(str(visitor_a), "dataset", (".json", ".jsonl"))
+        inputs.check_local_path(str(private_file(tmp_path, "mine.jsonl")), "dataset")  # the root itself still reads
+    finally:
+        visitor_a.unlink()
+
+
+def test_a_saved_runs_local_paths_are_held_to_todays_allowed_roots(tmp_path, monkeypatch):
+    data = private_file(tmp_path, "then-allowed.jsonl")
+    saved = {"config": {**demo_core.RunConfig(dataset=str(data)).to_dict(), "resolved_attention": "varlen"}}
+    monkeypatch.setenv(inputs.ALLOWED_ROOTS_ENV, str(tmp_path))
+    assert inputs.config_from_document(saved).dataset == str(data)
+    monkeypatch.setenv(inputs.ALLOWED_ROOTS_ENV, str(tmp_path / "elsewhere"))  # the operator narrowed them since
+    with pytest.raises(demo_core.DemoInputError, match="outside the folders this app may read"):
+        inputs.config_from_document(saved)
