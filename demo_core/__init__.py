@@ -8,9 +8,13 @@ Public API (what the CLI and the app use; nothing here imports gradio):
 - `batch_picture` and `plots` (figures), `report` (tables and sentences shared by the CLI and the page),
   `RunHistory`;
 - `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads.
+
+The figure modules load on first use: training (the CLI, every DDP rank, a GPU worker) does not need matplotlib.
 """
 
-from . import batch_picture, plots, report
+import importlib
+
+from . import report
 from .anatomy import initialize_profiler
 from .collators import COLLATORS, CollatorSpec
 from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
@@ -25,3 +29,11 @@ __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "
            "HistoryEntry", "Limits", "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Prepared", "Result",
            "RunConfig", "RunHistory", "batch_picture", "data_dir", "initialize_profiler", "plots", "prepare", "preview",
            "report", "run_comparison", "write_json"]
+
+_FIGURE_MODULES = ("batch_picture", "plots")
+
+
+def __getattr__(name: str):
+    if name in _FIGURE_MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from transformers import Gemma2Config
+from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from demo_core import DemoInputError, RunConfig
 from demo_core import attention, torch_varlen
@@ -221,9 +221,8 @@ def test_auto_on_cuda_prefers_flash_only_when_installed(flash_installed, expecte
 def test_auto_skips_paths_a_family_lacks():
     gemma2 = Gemma2Config(vocab_size=384, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                           num_key_value_heads=1, head_dim=32, intermediate_size=128)
-    # eager on transformers 5.24 (Gemma 2 has no sdpa there), sdpa on older ones: never varlen
-    assert resolve_attention("auto", gemma2, "cpu") == next(
-        path for path in attention.AUTO_ORDER if attention.capability(gemma2, path, "cpu")[0])
+    # eager on transformers 5.24 (Gemma 2 has no sdpa there), sdpa where its class says it has: never varlen
+    assert resolve_attention("auto", gemma2, "cpu") == ("sdpa" if Gemma2ForCausalLM._supports_sdpa else "eager")
     assert not attention.capability(gemma2, VARLEN, "cpu")[0]
     with pytest.raises(DemoInputError, match="soft-capping"):
         resolve_attention(VARLEN, gemma2, "cpu")

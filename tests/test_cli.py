@@ -71,3 +71,16 @@ def test_capabilities_table_lists_every_path(capsys):
     table = capsys.readouterr().out
     for path in ("flash_attention_2", "varlen", "sdpa", "eager"):
         assert path in table
+
+
+def test_training_needs_no_plotting_library(tmp_path):
+    # A GPU box carries only what training needs (docs/GPU_OFFLINE.md: matplotlib travels with the app's set): the
+    # CLI's comparison runs with matplotlib unimportable.
+    script = ("import sys; sys.modules['matplotlib'] = None\n"
+              "from demo_core.cli import main\n"
+              "arguments = ['compare', '--samples', '16', '--steps', '3', '--batch-size', '4', '--json', sys.argv[1]]\n"
+              "sys.exit(main(arguments))")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run.json")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "run.json").read_text())["results"]

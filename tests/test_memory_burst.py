@@ -21,7 +21,8 @@ def test_burst_memory_estimate_matches_measurement(model, attention, optimizer):
         assert set(memory["estimate"]) == set(CATEGORIES) == set(memory["measured"])
         for category in ("weights", "gradients", "optimizer"):  # exact: these are tensors we can sum
             assert memory["estimate"][category] == memory["measured"][category], (result.collator, category)
-        assert abs(memory["error"]["activations"]) <= 0.02, (result.collator, memory["error"])
+        # to a few bytes (a scalar or two the burst's meter sees around the loss)
+        assert abs(memory["estimate"]["activations"] - memory["measured"]["activations"]) <= 8, result.collator
         assert result.peak_memory_bytes >= memory["measured"]["activations"]
 
 
@@ -36,4 +37,5 @@ def test_trl_burst_estimate_follows_sfttrainers_fused_lm_head():
     comparison = run_comparison(RunConfig(model="tiny-qwen2", attention="varlen", collators=("trl-padding-free",),
                                           **SMALL))
     memory = comparison.results[0].memory
-    assert abs(memory["error"]["activations"]) <= 0.02, memory["error"]
+    # within 0.1%: the chunked log-probabilities leave about 2 kB the estimate does not place (0.017% here)
+    assert abs(memory["error"]["activations"]) <= 0.001, memory["error"]

@@ -38,7 +38,7 @@ def _planned(run: RunConfig, collator: str):
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_planner_equals_the_burst_estimate_and_stays_within_10_percent_of_measured(checkpointing):
+def test_planner_equals_the_burst_estimate_and_the_measured_states_and_activations(checkpointing):
     run = RunConfig(gradient_checkpointing=checkpointing, **SMALL_RUN)
     for result in run_comparison(run).results:
         planned = _planned(run, result.collator)
@@ -50,7 +50,7 @@ def test_planner_equals_the_burst_estimate_and_stays_within_10_percent_of_measur
         error = (planned_total - measured_total) / measured_total
         print(f"checkpointing={checkpointing} {result.collator}: planned {planned_total:,} measured "
               f"{measured_total:,} B ({100 * error:+.2f}%)")
-        assert abs(error) < 0.10
+        assert abs(planned_total - measured_total) <= 8  # bytes (the aim was 10%)
         # CPU peak as the burst reports it: the live tensors at the end of the forward
         assert abs(planned.peak_by_moment["forward_end"] / result.peak_memory_bytes - 1) < 0.10
 

@@ -3,6 +3,7 @@
 Models come as hub-style local folders (config.json, weights, tokenizer), as a new user would bring them.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -61,11 +62,15 @@ def test_a_hybrid_model_folder_is_refused_before_training(capsys, hybrid_folder,
     assert re.search(reason, lines[0]), lines[0]
 
 
-def test_the_same_hybrid_trains_padded(capsys, hybrid_folder):
+def test_the_same_hybrid_trains_padded(capsys, hybrid_folder, tmp_path):
     """Padding keeps each example in its own row: nothing to refuse, and the contamination report (which needs a
     packed row this model cannot compute here) is left empty instead of failing the finished run."""
-    assert main(_compare(hybrid_folder, "--collators", "padded", "--attention", "sdpa")) == 0
-    assert "padded" in capsys.readouterr().out
+    document_path = tmp_path / "run.json"
+    assert main(_compare(hybrid_folder, "--collators", "padded", "--attention", "sdpa", "--json",
+                         str(document_path))) == 0
+    document = json.loads(document_path.read_text())
+    assert [result["collator"] for result in document["results"]] == ["padded"] and not document["partial"]
+    assert document["contamination"] == []
 
 
 def test_soft_capping_model_folder_is_refused_on_varlen_with_its_reason(capsys, tmp_path):
