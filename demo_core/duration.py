@@ -19,10 +19,12 @@ from typing import Iterable
 
 from .engine import Prepared, padded_step_costs
 from .memory_estimate import param_facts
+from .timing import timed_step_indices
 
 # Assumptions, replaced by measured rates once the history has a run of the model on the device:
-# - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (README's run: 14,650 padded slots/s at 0.59M params);
-#   1e10 leaves room for a machine shared with other work (the same run measured 3-40x slower under load).
+# - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (a default `compare` run: ~14,000 padded slots/s at 0.59M
+#   params, 6 FLOPs per parameter and slot); 1e10 leaves room for a machine shared with other work (the same run
+#   measured 3-40x slower under load).
 # - CUDA: an H200 peaks near 1e15 bf16 FLOP/s; short bursts of ≤1B models reach a small fraction, so 5e13.
 SUSTAINED_FLOPS = {"cpu": 1e10, "cuda": 5e13}
 # Per step: Trainer bookkeeping, the optimizer, kernel launches (what dominates for tiny models).
@@ -79,7 +81,10 @@ def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str
                 (model, device, precision):
             continue
         for result in document.get("results", []):
-            times, slots = result["step_times_s"][1:], result["step_padded_slots"][1:]  # step 1 is the warm-up
+            # the steps throughput counts: not the warm-up, not the profiled step (the profiler slows it)
+            timed = timed_step_indices(len(result["step_times_s"]), result.get("profiled_step"))
+            times = [result["step_times_s"][index] for index in timed]
+            slots = [result["step_padded_slots"][index] for index in timed]
             if times and sum(slots):
                 rates.append(sum(times) / sum(slots))
         if len(rates) >= RECENT_RUNS:

@@ -12,5 +12,6 @@
   contrast, plot alt text);
 - `views`: a preview's and a run's figures and tables, drawn for the width the browser shows them at;
 - `provenance`: which settings or run each section of the page shows, in one line over it;
-- `api_docs`: names, types and descriptions of the API endpoints' parameters and returns.
+- `api_docs`: names, types and descriptions of the API endpoints' parameters and returns;
+- `planner_page`: the "Will it fit?" section and its `/plan` endpoint (the memory planner, no training).
 """
