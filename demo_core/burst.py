@@ -28,7 +28,7 @@ from .distributed import merge_ranks
 from .models import ModelSource
 from .results import Result
 from .timing import Turns, TurnTaking
-from .trainers import build_trainer, make_optimizer
+from .trainers import TrainingRows, build_trainer, make_optimizer
 from .work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
@@ -211,7 +211,7 @@ def release_memory() -> None:
         trim(0)
 
 
-def run_burst(source: ModelSource, examples: list[list[int]], spec: CollatorSpec, attention: str,
+def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, attention: str,
               settings: BurstSettings, progress: ProgressFn | None = None,
               stop_event: threading.Event | None = None, turns: Turns | None = None) -> Result:
     """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names.
@@ -224,7 +224,7 @@ def run_burst(source: ModelSource, examples: list[list[int]], spec: CollatorSpec
     model.config.use_cache = False
     optimizer = make_optimizer(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
-        trainer, collator = build_trainer(spec, model, source.tokenizer, examples, settings, output_dir, optimizer)
+        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir, optimizer)
         recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
         memory_recorder = MemoryRecorder(model, settings.device)
         profiler = StepProfiler(model, settings.device)

@@ -31,7 +31,7 @@ from .models import ModelSource, accepts_position_ids, load_model_source, max_po
 from .preflight import exact_attention
 from .results import Comparison, Result
 from .timing import Turns, timed_step_indices, torch_threads
-from .trainers import training_dataset
+from .trainers import TrainingRows
 
 
 def resolve_device(requested: str) -> str:
@@ -108,6 +108,10 @@ class Prepared:
         return self.dataset.examples
 
     @functools.cached_property
+    def rows(self) -> TrainingRows:
+        return TrainingRows(self.examples, self.config.max_length)
+
+    @functools.cached_property
     def ideal_speedup(self) -> float:
         return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size())
 
@@ -177,7 +181,7 @@ def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
     """The first batch this collator builds from the run's data, with what the page draws of it."""
     config, examples = prepared.config, prepared.examples
     if spec.packed_rows:
-        rows = training_dataset(examples, spec, config.max_length)[: config.batch_size]
+        rows = prepared.rows.packed[: config.batch_size]
         features = [{"input_ids": ids, "seq_lengths": lengths}
                     for ids, lengths in zip(rows["input_ids"], rows["seq_lengths"])]
     else:
@@ -227,7 +231,7 @@ def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: 
                               turns: Turns | None = None) -> Result:
     """A burst that runs out of GPU memory becomes a user message; the memory is released for the next run."""
     try:
-        return run_burst(prepared.source, prepared.examples, spec, prepared.attention, settings, progress, stop_event,
+        return run_burst(prepared.source, prepared.rows, spec, prepared.attention, settings, progress, stop_event,
                          turns)
     except torch.OutOfMemoryError:
         pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed

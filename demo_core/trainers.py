@@ -11,6 +11,7 @@ recording collator it feeds, so the burst records every batch the same way which
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import datasets
@@ -68,12 +69,25 @@ class TRLCollatorRecorder(RecordingCollator):
         return batch, lengths, batch["input_ids"].numel()
 
 
-def training_dataset(examples: list[list[int]], spec: CollatorSpec, max_length: int) -> datasets.Dataset:
-    """The examples as the spec's collate class reads them: one per row, or BFD-packed rows with `seq_lengths`."""
-    dataset = datasets.Dataset.from_dict({"input_ids": examples})
-    if spec.packed_rows:
-        dataset = pack_dataset(dataset, seq_length=max_length, strategy="bfd")
-    return dataset
+class TrainingRows:
+    """A run's examples as the trainers read them, each form built once per run (packing the whole data takes
+    seconds for 20,000 examples, and the preview and the bursts all need it)."""
+
+    def __init__(self, examples: list[list[int]], max_length: int):
+        self.examples, self.max_length = examples, max_length
+
+    @functools.cached_property
+    def one_per_row(self) -> datasets.Dataset:
+        return datasets.Dataset.from_dict({"input_ids": self.examples})
+
+    @functools.cached_property
+    def packed(self) -> datasets.Dataset:
+        """Rows of at most max_length, filled by TRL's best-fit-decreasing, each with its `seq_lengths`."""
+        return pack_dataset(self.one_per_row, seq_length=self.max_length, strategy="bfd")
+
+    def for_trainer(self, spec: CollatorSpec) -> datasets.Dataset:
+        """What the spec's trainer is handed: SFTTrainer packs by itself, Trainer reads rows packed here."""
+        return self.packed if spec.packed_rows and spec.trainer == "trainer" else self.one_per_row
 
 
 def make_optimizer(model: torch.nn.Module, settings: BurstSettings):
@@ -134,7 +148,7 @@ def sft_config(spec: CollatorSpec, output_dir: str, settings: BurstSettings) -> 
 
 
 def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                  examples: list[list[int]], settings: BurstSettings, output_dir: str,
+                  rows: TrainingRows, settings: BurstSettings, output_dir: str,
                   optimizer) -> tuple[RecordingTrainer, RecordingCollator]:
     """(the trainer, the recording collator whose `pending_stats` it fills, one BatchStats per batch)."""
     if spec.trainer == "sft":
@@ -142,7 +156,7 @@ def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrai
             model=model,
             args=sft_config(spec, output_dir, settings),
             # Tokenized rows (`input_ids`): SFTTrainer skips tokenizing and, with packing, packs them itself.
-            train_dataset=datasets.Dataset.from_dict({"input_ids": examples}),
+            train_dataset=rows.for_trainer(spec),
             processing_class=tokenizer,
             optimizers=(optimizer, None),
         )
@@ -152,7 +166,7 @@ def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrai
     trainer = RecordingTrainer(
         model=model,
         args=TrainingArguments(**training_arguments(settings, output_dir, spec.sampler), remove_unused_columns=False),
-        train_dataset=training_dataset(examples, spec, settings.max_length),
+        train_dataset=rows.for_trainer(spec),
         data_collator=collator,
         optimizers=(optimizer, None),
     )

@@ -131,3 +131,22 @@ def test_a_stop_that_comes_after_the_last_step_stops_nothing():
                               on_result=lambda result: stop.set() if result.collator == "flatten" else None)
     assert stop.is_set() and not finished.partial
     assert [result.steps for result in finished.results] == [3, 3] and finished.contamination
+
+
+def test_a_run_packs_its_data_once_for_the_preview_and_every_burst(monkeypatch):
+    # Best-fit-decreasing over the whole data takes seconds at the sample cap: bfd and trl-bfd's pictures and bfd's
+    # burst read the same packed rows (trl-bfd's SFTTrainer packs inside TRL, as the blog's recipe does).
+    from demo_core import engine, preview, trainers
+
+    packings = []
+    real_pack = trainers.pack_dataset
+
+    def counted_pack(*args, **kwargs):
+        packings.append(1)
+        return real_pack(*args, **kwargs)
+
+    monkeypatch.setattr(trainers, "pack_dataset", counted_pack)
+    prepared = engine.prepare(RunConfig(samples=16, steps=2, batch_size=4, collators=("padded", "bfd", "trl-bfd")))
+    preview(prepared)
+    run_comparison(prepared)
+    assert len(packings) == 1
