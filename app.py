@@ -110,41 +110,45 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
     after each collator; the last yield adds the history row and empties the upload box (the file is deleted)."""
     started = time.perf_counter()
     session, file = Session.of(request), Upload.from_value(upload)
-    prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
-                              max_length, precision, optimizer)
-    job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
-    inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
-              max_length]
-    preview = demo_core.preview(prepared)
-    config, steps, collator_count = preview["config"], prepared.config.steps, len(prepared.specs)
-    yield ("Training… Stop ends it after the current step.", gr.skip(), *views.preview_views(preview, picture_px),
-           *[gr.skip()] * 9, provenance.preview_shown(config, inputs),
-           provenance.run_training(config, 0, collator_count), gr.skip(), gr.skip())
-    total_steps = collator_count * steps
-    # Steps done per collator: on a CPU the collators take turns step by step, so their steps arrive interleaved
-    # and their results all at the end; the progress bar counts every collator's steps.
-    steps_done = dict.fromkeys((spec.name for spec in prepared.specs), 0)
-    with session.running(), contextlib.closing(runs.train_and_save(job, HISTORY, session, file)) as events:
-        progress((0, total_steps), desc="building the model and the first batch")
-        for kind, *payload in events:
-            if kind == gpu.STEP:
-                name, step, _ = payload
-                steps_done[name] = step
-                progress((sum(steps_done.values()), total_steps),
-                         desc=" · ".join(f"{name} {done}/{steps}" for name, done in steps_done.items()))
-            elif kind == gpu.RESULT:
-                partial = payload[0]
-                done = len(partial["results"])
-                progress((sum(steps_done.values()), total_steps),
-                         desc="contamination check" if done == collator_count else "next collator")
-                summary = "\n".join(f"- {line}" for line in report.collator_lines(partial, preview["attention_why"]))
-                yield (gr.skip(), f"### Training: {done} of {collator_count} collators done\n{summary}",
-                       *[gr.skip()] * 3, *views.result_figures(partial, picture_px), report.results_table(partial),
-                       *[gr.skip()] * 3, *views.anatomy_views(partial, picture_px), gr.skip(),
-                       provenance.run_training(config, done, collator_count), gr.skip(), gr.skip())
-            else:
-                entry = payload[0]
-    if entry is None:  # stopped while it waited for the GPU
+    # Running from the click on: a Stop while the run is prepared or its batch drawn ends it before training
+    # (the marker would otherwise only exist once training starts, and Stop would say nothing runs).
+    with session.running():
+        prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
+                                  max_length, precision, optimizer)
+        job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
+        inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
+                  max_length]
+        preview = demo_core.preview(prepared)
+        config, steps, collator_count = preview["config"], prepared.config.steps, len(prepared.specs)
+        yield ("Training… Stop ends it after the current step.", gr.skip(), *views.preview_views(preview, picture_px),
+               *[gr.skip()] * 9, provenance.preview_shown(config, inputs),
+               provenance.run_training(config, 0, collator_count), gr.skip(), gr.skip())
+        total_steps = collator_count * steps
+        # Steps done per collator: on a CPU the collators take turns step by step, so their steps arrive interleaved
+        # and their results all at the end; the progress bar counts every collator's steps.
+        steps_done = dict.fromkeys((spec.name for spec in prepared.specs), 0)
+        with contextlib.closing(runs.train_and_save(job, HISTORY, session, file)) as events:
+            progress((0, total_steps), desc="building the model and the first batch")
+            for kind, *payload in events:
+                if kind == gpu.STEP:
+                    name, step, _ = payload
+                    steps_done[name] = step
+                    progress((sum(steps_done.values()), total_steps),
+                             desc=" · ".join(f"{name} {done}/{steps}" for name, done in steps_done.items()))
+                elif kind == gpu.RESULT:
+                    partial = payload[0]
+                    done = len(partial["results"])
+                    progress((sum(steps_done.values()), total_steps),
+                             desc="contamination check" if done == collator_count else "next collator")
+                    lines = report.collator_lines(partial, preview["attention_why"])
+                    summary = "\n".join(f"- {line}" for line in lines)
+                    yield (gr.skip(), f"### Training: {done} of {collator_count} collators done\n{summary}",
+                           *[gr.skip()] * 3, *views.result_figures(partial, picture_px), report.results_table(partial),
+                           *[gr.skip()] * 3, *views.anatomy_views(partial, picture_px), gr.skip(),
+                           provenance.run_training(config, done, collator_count), gr.skip(), gr.skip())
+                else:
+                    entry = payload[0]
+    if entry is None:  # stopped before its first step: while it was prepared, or waited for the GPU
         yield ("Stopped before the first step: nothing to save.", "### Stopped before the first step",
                *[gr.skip()] * 13, provenance.run_empty(), gr.skip(), gr.skip() if file is None else None)
         return

@@ -315,6 +315,8 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
 
 def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event: threading.Event | None,
                     on_result: Callable[[Result], None] | None) -> Comparison:
+    if stop_event is not None and stop_event.is_set():  # stopped while the run was prepared: no step to take
+        return prepared.comparison([])
     settings = prepared.burst_settings()
     bursts = _alternating_bursts if takes_turns(prepared.device) and len(prepared.specs) > 1 else _sequential_bursts
     results = bursts(prepared, settings, progress, stop_event, on_result)

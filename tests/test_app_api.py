@@ -175,6 +175,17 @@ def test_a_run_click_prepares_its_run_once(lab_app, monkeypatch):
     assert final[1].startswith("### Done") and len(prepared) == 1 and trained == prepared
 
 
+def test_stop_while_the_run_is_prepared_ends_it_before_training(lab_app):
+    request = types.SimpleNamespace(session_hash="stop-early")
+    run = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto", "adamw",
+                           0, 1024, request=request, progress=lambda *args, **kwargs: None)
+    next(run)  # the run is prepared and its batch drawn; training has not started
+    assert lab_app.request_stop(request) == "Stopping after the current step…"
+    *_, final = run
+    assert final[1] == "### Stopped before the first step"
+    assert lab_app.request_stop(request) == "Nothing is running in this tab."
+
+
 def test_history_survives_a_torn_last_line(tmp_path, caplog):
     history = RunHistory(tmp_path)
     history.append({"run": 1})
