@@ -11,13 +11,12 @@ import sys
 from . import distributed
 from .attention import capability_table
 from .cli_plan import add_plan_parser, run_plan
-from .collators import collator_names
-from .config import ATTENTION_NAMES, DEVICE_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, RunConfig
+from .config import RunConfig
 from .engine import run_comparison
 from .errors import DemoInputError
-from .models import PRESETS
 from .report import format_report, text_table
 from .results import write_json
+from .settings import add_arguments, from_arguments
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,26 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m demo_core", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     compare = commands.add_parser("compare", help="run a short training burst per collator and compare them")
-    defaults = RunConfig()
-    compare.add_argument("--model", default=defaults.model, help=f"preset ({', '.join(PRESETS)}), hub id or folder")
-    compare.add_argument("--dataset", default=defaults.dataset, help="flan-like, orcamath-like, a .json/.jsonl file "
-                         "or a hub dataset id")
-    compare.add_argument("--samples", default=defaults.samples, help="examples to sample from the dataset")
-    compare.add_argument("--collators", default=",".join(defaults.collators),
-                         help=f"comma list of: {', '.join(collator_names())}")
-    compare.add_argument("--steps", default=defaults.steps, help="optimizer steps per collator (step 1 is warm-up)")
-    compare.add_argument("--batch-size", default=defaults.batch_size, help="examples per step (bfd: packed rows)")
-    compare.add_argument("--attention", default=defaults.attention, choices=ATTENTION_NAMES)
-    compare.add_argument("--seed", default=defaults.seed)
-    compare.add_argument("--max-length", default=defaults.max_length, help="truncate examples to this many tokens")
-    compare.add_argument("--precision", default=defaults.precision, choices=PRECISION_NAMES)
-    compare.add_argument("--optimizer", default=defaults.optimizer, choices=OPTIMIZER_NAMES)
-    compare.add_argument("--learning-rate", default=defaults.learning_rate)
-    compare.add_argument("--device", default=defaults.device, choices=DEVICE_NAMES)
-    compare.add_argument("--gradient-checkpointing", action="store_true")
-    compare.add_argument("--threads", default=None, help="CPU threads for training (default 1 on a CPU: with more, "
-                         "every parallel operator waits for a thread the OS gave to other work, and a shared "
-                         "machine's speedups swing 2x; on a dedicated machine, its core count)")
+    add_arguments(compare, RunConfig)  # a flag per declared setting (config.py, settings.py)
     compare.add_argument("--json", metavar="PATH", help="write the full result document here")
     caps = commands.add_parser("capabilities", help="which attention path works for which model family and device")
     caps.add_argument("--models", default="tiny-llama,tiny-mistral,tiny-qwen2,tiny-gemma,tiny-phi3,tiny-granite,tiny-gpt2")
@@ -57,12 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _compare(args) -> None:
-    config = RunConfig(
-        model=args.model, dataset=args.dataset, samples=args.samples, collators=args.collators, steps=args.steps,
-        batch_size=args.batch_size, attention=args.attention, seed=args.seed, max_length=args.max_length,
-        precision=args.precision, optimizer=args.optimizer, learning_rate=args.learning_rate, device=args.device,
-        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads,
-    )
+    config = from_arguments(RunConfig, args)
     document = run_comparison(config).to_dict()
     distributed.close()
     if not distributed.is_main_process():

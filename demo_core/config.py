@@ -1,4 +1,4 @@
-"""RunConfig: everything one comparison needs, validated in one place.
+"""RunConfig: everything one comparison needs, declared once (settings.py) and validated in one place.
 
 `RunConfig.validated()` is the single gate for user input: the CLI, the app and the API all build a RunConfig and
 call it, so every bad value gets the same message everywhere. Caps come from `Limits`, which the app reads from the
@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .collators import collator_names
+from .collators import COLLATORS, collator_names
+from .data import BUILTIN_DATASETS
 from .errors import DemoInputError
+from .models import PRESETS
+from .settings import Widget, as_float, as_int, checked_values, setting  # noqa: F401 (as_float, as_int: for importers)
 
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
@@ -66,99 +69,68 @@ def parse_collators(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     return names
 
 
-def as_int(name: str, value) -> int:
-    """Integers from the CLI, the UI (floats from sliders) and the API (anything a client sends)."""
-    if isinstance(value, bool):
-        raise DemoInputError(f"{name} must be a whole number, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise DemoInputError(f"{name} must be a whole number, got {value!r}")
-
-
-def as_float(name: str, value) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DemoInputError(f"{name} must be a number, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise DemoInputError(f"{name} must be a finite number, got {value!r}")
-    return number
+def _collator_checkboxes() -> tuple[tuple[str, str], ...]:
+    """The page's collator boxes: (the registry's label, the name)."""
+    return tuple((spec.label, name) for name, spec in COLLATORS.items())
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    model: str = "tiny-llama"
-    dataset: str = "flan-like"
-    samples: int = 256
-    collators: tuple[str, ...] = ("padded", "flatten")
-    steps: int = 20
-    batch_size: int = 8
-    attention: str = "auto"
-    seed: int = 0
-    max_length: int = 1024
-    precision: str = "auto"
-    optimizer: str = "adamw"
-    learning_rate: float = 1e-3
-    device: str = "auto"
-    gradient_checkpointing: bool = False
-    threads: int | None = None  # CPU threads for training; None: 1 on a CPU (see engine.resolve_threads)
+    """Everything one comparison needs, each setting declared once (settings.py): the CLI, the page, the API and the
+    provenance line are derived from these fields. `api` is the `/compare` and `/preview` positional order, a contract:
+    0-10 below, 11 is the endpoints' `dataset_file` (serving/api_docs.py), and a new setting takes the next free one."""
+
+    model: str = setting("tiny-llama", builtins=lambda: tuple(PRESETS), api=0, page=Widget(1), shown="`{}`",
+                         help="a preset (tiny-*: random weights, trains on a CPU), a hub id such as gpt2, or a local "
+                              "folder")
+    dataset: str = setting("flan-like", builtins=lambda: tuple(BUILTIN_DATASETS), api=1, page=Widget(2), shown="`{}`",
+                           help="a built-in length profile, a hub dataset id, or a .json/.jsonl file")
+    samples: int = setting(256, minimum=1, maximum="max_samples", api=2, page=Widget(3), shown="{} samples",
+                           help="examples drawn from the dataset")
+    collators: tuple[str, ...] = setting(("padded", "flatten"), builtins=collator_names, api=3, shown="{}",
+                                         page=Widget(4, label="Collators to compare", choices=_collator_checkboxes),
+                                         help="the collators to compare, each on the same examples in the same order")
+    steps: int = setting(20, minimum=1, maximum="max_steps", api=4, page=Widget(5, label="Steps per collator"),
+                         shown="{} steps", help="optimizer steps per collator (step 1 is a warm-up, left out of the "
+                                                "timings)")
+    batch_size: int = setting(8, minimum=1, maximum="max_batch_size", api=5, page=Widget(6), shown="batch {}",
+                              help="examples per step (bfd and trl-bfd: packed rows)")
+    attention: str = setting("auto", choices=ATTENTION_NAMES, api=6, page=Widget(7, more=True), shown="{} attention",
+                             help="auto: flash-attn 2 or varlen (our per-example kernel) where they work; or one "
+                                  "path by name")
+    seed: int = setting(0, minimum=0, api=7, page=Widget(10, more=True),
+                        help="seed of the data order and of the initial weights")
+    max_length: int = setting(1024, minimum=2, maximum="max_length", api=8, page=Widget(11, more=True),
+                              help="longer examples are truncated to this many tokens")
+    precision: str = setting("auto", choices=PRECISION_NAMES, api=9, page=Widget(8, more=True), shown="{}",
+                             help="auto: bf16 on a GPU that has it, else fp32; or one by name")
+    optimizer: str = setting("adamw", choices=OPTIMIZER_NAMES, api=10, page=Widget(9, more=True), shown="{}",
+                             help="the optimizer every collator trains with")
+    learning_rate: float = setting(1e-3, help="the optimizer's learning rate")
+    device: str = setting("auto", choices=DEVICE_NAMES, help="where to train: auto picks cuda when there is one")
+    gradient_checkpointing: bool = setting(False, help="keep only each layer's input and recompute the layer in "
+                                                       "backward: less memory, a slower step")
+    threads: int | None = setting(None, help="CPU threads for training (default 1 on a CPU: with more, every "
+                                             "parallel operator waits for a thread the OS gave to other work, and a "
+                                             "shared machine's speedups swing 2x; on a dedicated machine, its core "
+                                             "count)")
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
-        """Returns a normalised copy, or raises DemoInputError naming the first bad field."""
+        """Returns a normalised copy, or raises DemoInputError naming the first bad field: the declared numbers,
+        ranges and choices first (settings.checked_values), then what a declaration does not say."""
         limits = limits or Limits()
-        samples = as_int("samples", self.samples)
-        steps = as_int("steps", self.steps)
-        batch_size = as_int("batch size", self.batch_size)
-        seed = as_int("seed", self.seed)
-        max_length = as_int("max length", self.max_length)
-        learning_rate = as_float("learning rate", self.learning_rate)
-        threads = None if self.threads is None else as_int("threads", self.threads)
+        numbers = checked_values(self, limits)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DemoInputError("choose a model: a preset name, a hub id or a local folder")
         if not isinstance(self.dataset, str) or not self.dataset.strip():
             raise DemoInputError("choose a dataset: a built-in name, a .json/.jsonl file or a hub dataset id")
-        if not 1 <= samples <= limits.max_samples:
-            raise DemoInputError(f"samples must be between 1 and {limits.max_samples}, got {samples}")
-        if not 1 <= steps <= limits.max_steps:
-            raise DemoInputError(f"steps must be between 1 and {limits.max_steps}, got {steps}")
-        if not 1 <= batch_size <= limits.max_batch_size:
-            raise DemoInputError(f"batch size must be between 1 and {limits.max_batch_size}, got {batch_size}")
-        if not 2 <= max_length <= limits.max_length:
-            raise DemoInputError(f"max length must be between 2 and {limits.max_length}, got {max_length}")
-        if seed < 0:
-            raise DemoInputError(f"seed must be 0 or more, got {seed}")
+        threads = numbers["threads"]
         if threads is not None and not 1 <= threads <= (os.cpu_count() or 1):
             raise DemoInputError(f"threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
-        if not learning_rate > 0:
-            raise DemoInputError(f"learning rate must be positive, got {learning_rate}")
-        for field, allowed in (
-            ("attention", ATTENTION_NAMES),
-            ("precision", PRECISION_NAMES),
-            ("optimizer", OPTIMIZER_NAMES),
-            ("device", DEVICE_NAMES),
-        ):
-            if getattr(self, field) not in allowed:
-                raise DemoInputError(f"unknown {field} {getattr(self, field)!r}; choose from: {', '.join(allowed)}")
-        return dataclasses.replace(
-            self,
-            model=self.model.strip(),
-            dataset=self.dataset.strip(),
-            samples=samples,
-            collators=parse_collators(self.collators),
-            steps=steps,
-            batch_size=batch_size,
-            seed=seed,
-            max_length=max_length,
-            learning_rate=learning_rate,
-            threads=threads,
-        )
+        if not numbers["learning_rate"] > 0:
+            raise DemoInputError(f"learning rate must be positive, got {numbers['learning_rate']}")
+        return dataclasses.replace(self, model=self.model.strip(), dataset=self.dataset.strip(),
+                                   collators=parse_collators(self.collators), **numbers)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)

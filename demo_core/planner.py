@@ -29,11 +29,12 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import data
 from .attention import model_class, resolve_attention  # the engine's own attention choice
-from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES, as_float, as_int
+from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
 from .errors import DemoInputError
 from .memory_estimate import (StepPeak, StepShape, TrainingSettings, estimate_memory_detail, live_by_moment,
                               param_facts)
 from .models import PRESETS, byte_tokenizer, max_positions
+from .settings import Widget, checked_values, setting
 
 GPU_SIZES_GB = (24, 40, 80, 141)  # RTX 4090 / L40S-class, A100 40GB, A100/H100 80GB, H200 (GiB, nominal)
 SHARDING_NAMES = ("none", "zero1", "zero2", "zero3", "fsdp")
@@ -42,63 +43,74 @@ MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
 # a few hundred MB per process; pass --context-gb with a measured value (a run's memory report has one).
 DEFAULT_CUDA_CONTEXT_GB = 0.5
 GIB = 2 ** 30  # bytes per GiB: GPU sizes and the context are given in GB, counted as GiB
+EQUAL_LENGTHS = "equal lengths"  # no length profile: every example `seq_length` tokens (the page's choice for it)
 _MAX_SEARCH_BATCH = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanRequest:
-    """What to plan. `seq_length` is the length of every example, or with `dataset` the truncation length."""
+    """What to plan, each setting declared once (settings.py: the CLI, the page and `/plan` derive from these fields).
+    `seq_length` is the length of every example, or with `dataset` the truncation length. `api` is `/plan`'s
+    positional order, a contract: a new setting takes the next free position."""
 
-    model: str
-    batch_size: int = 8
-    seq_length: int = 2048
-    dataset: str | None = None
-    samples: int = 512
-    packed: bool = False
-    precision: str = "bf16"
-    optimizer: str = "adamw"
-    attention: str = "auto"
-    gradient_checkpointing: bool = False
-    lora_rank: int = 0
-    lora_targets: str = "all-linear"
-    qlora: bool = False
-    gpus: int = 1
-    shard: str = "none"
-    device: str = "cuda"
-    gpu_gb: float = 80
-    context_gb: float | None = None
-    seed: int = 0
+    model: str = setting(builtins=lambda: tuple(shipped_configs()), api=0, page=Widget(1),
+                         help="a shipped config of a real model, a preset (tiny-llama, llama-1b, ...), or a hub id "
+                              "whose config.json is in the local cache (the CLI also reads a folder)")
+    batch_size: int = setting(8, minimum=1, api=1, page=Widget(2, label="Batch size per device", row="shape"),
+                              help="examples per step and device")
+    seq_length: int = setting(2048, minimum=2, api=2, page=Widget(3, label="Sequence length", row="shape"),
+                              help="tokens per example; with a length profile, examples are cut to this length")
+    dataset: str | None = setting(None, api=3, page=Widget(4, kind="dropdown", label="Lengths",
+                                                           choices=lambda: (EQUAL_LENGTHS, *data.BUILTIN_DATASETS)),
+                                  help="a length profile instead of equal lengths (flan-like, orcamath-like, a "
+                                       ".json/.jsonl file or a hub dataset id): the batch that needs the most memory "
+                                       "is planned")
+    samples: int = setting(512, minimum=1, help="examples drawn for the length profile")
+    packed: bool = setting(False, api=4, page=Widget(5, label="Packed (padding-free)"),
+                           help="padding-free: each batch in one row")
+    precision: str = setting("bf16", choices=ESTIMATE_PRECISION_NAMES, api=5, page=Widget(6, row="training"),
+                             help="bf16/fp16: autocast over fp32 weights (Trainer's bf16=True); pure-bf16: bf16 "
+                                  "weights, no fp32 copy")
+    optimizer: str = setting("adamw", choices=ESTIMATE_OPTIMIZER_NAMES, api=6, page=Widget(7, row="training"),
+                             help="the optimizer whose states are counted")
+    attention: str = setting("auto", choices=("auto",) + ESTIMATE_ATTENTION_NAMES,
+                             help="auto: the path a run would take on that device")
+    gradient_checkpointing: bool = setting(False, api=9, page=Widget(10),
+                                           help="keep only each layer's input and recompute the layer in backward")
+    lora_rank: int = setting(0, minimum=0, api=7, page=Widget(8, label="LoRA rank (0: full)", row="lora"),
+                             help="LoRA rank on the attention and MLP projections; 0: a full fine-tune")
+    lora_targets: str = setting("all-linear", help="comma list of module names (q_proj,v_proj,...) or all-linear")
+    qlora: bool = setting(False, api=8, page=Widget(9, label="QLoRA (4-bit base)", row="lora"),
+                          help="the frozen base weights in 4-bit NF4 (needs a LoRA rank)")
+    gpus: int = setting(1, minimum=1, api=10, page=Widget(11, label="GPUs", row="gpus"),
+                        help="devices the run is spread over")
+    shard: str = setting("none", choices=SHARDING_NAMES, api=11, page=Widget(12, label="Sharding", row="gpus"),
+                         help="none: DDP (full copies); zero1, zero2, zero3/fsdp shard the optimizer state, + the "
+                              "gradients, + the weights")
+    device: str = setting("cuda", choices=("cuda", "cpu"), help="the device planned for")
+    gpu_gb: float = setting(80, api=12, page=Widget(13, kind="dropdown", choices=GPU_SIZES_GB,
+                                                    label="GPU size for the largest batch and length (GB)"),
+                            help="the GPU size the largest batch size and sequence length are searched for")
+    context_gb: float | None = setting(None, minimum=0, help="measured CUDA context per process (default on cuda: "
+                                                             f"{DEFAULT_CUDA_CONTEXT_GB} GiB)")
+    seed: int = setting(0, help="seed of the length profile's sample")
 
     def validated(self) -> "PlanRequest":
-        """A normalised copy, or DemoInputError naming the first bad field (the CLI, page and API all call it)."""
-        ints = {name: as_int(name.replace("_", " "), getattr(self, name))
-                for name in ("batch_size", "seq_length", "samples", "lora_rank", "gpus", "seed")}
-        for name, low in (("batch_size", 1), ("seq_length", 2), ("samples", 1), ("gpus", 1)):
-            if ints[name] < low:
-                raise DemoInputError(f"{name.replace('_', ' ')} must be at least {low}, got {ints[name]}")
-        if ints["lora_rank"] < 0:
-            raise DemoInputError(f"lora rank must be 0 (full fine-tune) or more, got {ints['lora_rank']}")
-        for name, allowed in (("precision", ESTIMATE_PRECISION_NAMES), ("optimizer", ESTIMATE_OPTIMIZER_NAMES),
-                              ("attention", ("auto",) + ESTIMATE_ATTENTION_NAMES), ("shard", SHARDING_NAMES),
-                              ("device", ("cuda", "cpu"))):
-            if getattr(self, name) not in allowed:
-                raise DemoInputError(f"unknown {name} {getattr(self, name)!r}; choose from: {', '.join(allowed)}")
-        if self.qlora and not ints["lora_rank"]:
+        """A normalised copy, or DemoInputError naming the first bad field (the CLI, page and API all call it): the
+        declared numbers, ranges and choices first (settings.checked_values), then what a declaration does not say."""
+        numbers = checked_values(self)
+        if self.qlora and not numbers["lora_rank"]:
             raise DemoInputError("QLoRA trains LoRA adapters on a 4-bit base: give a lora rank (e.g. 16)")
-        if self.shard != "none" and ints["gpus"] == 1:
+        if self.shard != "none" and numbers["gpus"] == 1:
             raise DemoInputError(f"{self.shard} shards over several GPUs: give gpus of 2 or more")
-        gpu_gb = as_float("gpu gb", self.gpu_gb)
-        if gpu_gb <= 0:
+        if numbers["gpu_gb"] <= 0:
             raise DemoInputError(f"gpu gb must be positive, got {self.gpu_gb}")
-        context_gb = None if self.context_gb is None else as_float("context gb", self.context_gb)
-        if context_gb is not None and context_gb < 0:
-            raise DemoInputError(f"context gb must be 0 or more, got {self.context_gb}")
         targets = tuple(t.strip() for t in str(self.lora_targets).split(",") if t.strip()) or ("all-linear",)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DemoInputError("choose a model: a preset, a shipped config, a hub id or a local folder")
-        return dataclasses.replace(self, model=self.model.strip(), gpu_gb=gpu_gb, context_gb=context_gb,
-                                   lora_targets=",".join(targets),
-                                   dataset=(self.dataset or "").strip() or None, **ints)
+        dataset = None if self.dataset in (None, EQUAL_LENGTHS) else self.dataset.strip() or None
+        return dataclasses.replace(self, model=self.model.strip(), lora_targets=",".join(targets), dataset=dataset,
+                                   **numbers)
 
 
 # ---- models -------------------------------------------------------------------------------------------------------
