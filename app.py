@@ -2,14 +2,15 @@
 
 Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT move it). API endpoints for
 `gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
-both taking (model, dataset, samples, collators, steps, batch_size, attention, seed, max_length, precision, optimizer,
-dataset_file); `/history` (the saved runs this client may see, one summary each), `/delete_runs`, and
-`/plan` (the memory planner, serving/planner_page.py).
+both taking the settings RunConfig declares for the API, in their declared order (model, dataset, samples,
+collators, steps, batch_size, attention, seed, max_length, precision, optimizer, dataset_file, ...); `/history` (the
+saved runs this client may see, one summary each), `/delete_runs`, and `/plan` (the memory planner,
+serving/planner_page.py).
 
 What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
 and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
-time plan and saving (`runs`); so do the page's parts: its widgets (`layout`), look (`page`), views (`views`) and the
-line that says which settings each section shows (`provenance`). Limits come from the environment
+time plan and saving (`runs`); so do the page's parts: its widgets (`layout`, one per declared setting: `widgets`),
+look (`page`), views (`views`) and the line that says which settings each section shows (`provenance`). Limits come from the environment
 (`demo_core.Limits.from_env()`); local model and data paths typed into the page or the API must lie under
 PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 """
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import time
+from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default: set before gradio is imported
 
@@ -28,10 +30,11 @@ import gradio as gr  # noqa: E402
 
 import demo_core  # noqa: E402
 from demo_core import Limits, RunConfig, RunHistory, data_dir, report  # noqa: E402
+from demo_core.settings import capped_defaults  # noqa: E402
 from demo_core.stop import TIME_BUDGET  # noqa: E402
 from serving import gpu, history_view, layout, page, planner_page, provenance, runs, uploads, views  # noqa: E402
-from serving.api_docs import (AttentionName, OptimizerName, PrecisionName, PreviewDocument, RunDocument,  # noqa: E402
-                              RunSummary, documented_api, with_settings_args)
+from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, documented_api,  # noqa: E402
+                              settings_endpoint)
 from serving.errors import user_errors  # noqa: E402
 from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
 from serving.sessions import Session  # noqa: E402
@@ -40,57 +43,52 @@ from serving.uploads import Upload  # noqa: E402
 LIMITS = Limits.from_env()
 HISTORY = RunHistory(data_dir())
 # The engine's defaults, lowered to the configured caps so that a run with defaults is always allowed.
-DEFAULTS = RunConfig(samples=min(RunConfig.samples, LIMITS.max_samples), steps=min(RunConfig.steps, LIMITS.max_steps),
-                     batch_size=min(RunConfig.batch_size, LIMITS.max_batch_size),
-                     max_length=min(RunConfig.max_length, LIMITS.max_length))
+DEFAULTS = capped_defaults(RunConfig, LIMITS)
 
 
-def prepare_inputs(upload: Upload | None, *fields) -> demo_core.Prepared:
-    """fields: model, dataset, samples, collators, steps, batch_size, attention, seed, max_length, precision,
-    optimizer."""
-    return prepare_from_inputs(LIMITS, upload, *fields)
+def prepare_inputs(upload: Upload | None, **settings) -> demo_core.Prepared:
+    return prepare_from_inputs(LIMITS, upload, **settings)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Handlers
+# Handlers: the page's settings arrive by name (`inputs_kwargs`, one per declared setting), and each returns or yields
+# `{component: value}` for what it changes (the components are the page's, `UI`, built below).
 # ----------------------------------------------------------------------------------------------------------------
 
 @user_errors
-def show_preview(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
-                 max_length, shown: dict | None = None, picture_px: float | None = None):
+def show_preview(*, upload=None, shown: dict | None = None, picture_px: float | None = None, **settings):
     """Sends the batch picture as soon as it is drawn (the view people wait for), then the histogram and costs.
     Values the picture already shows (a box left without a change) are not drawn again."""
-    inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
-              max_length]
+    inputs = {**settings, "upload": upload}
     if provenance.is_shown(shown, inputs):
-        yield (gr.skip(),) * 4
+        yield {UI.shown_preview: gr.skip()}
         return
-    preview = demo_core.preview(prepare_inputs(Upload.from_value(upload), model, dataset, samples, collators, steps,
-                                               batch_size, attention, seed, max_length, precision, optimizer))
-    shown = provenance.preview_shown(preview["config"], inputs)
-    yield views.batch_picture(preview, picture_px), gr.skip(), gr.skip(), shown
-    yield gr.skip(), *views.lengths_views(preview, picture_px), gr.skip()
+    preview = demo_core.preview(prepare_inputs(Upload.from_value(upload), **settings))
+    yield {UI.views.batch_plot: views.batch_picture(preview, picture_px),
+           UI.shown_preview: provenance.preview_shown(preview["config"], inputs)}
+    yield views.lengths_views(UI.views, preview, picture_px)
 
 
-def preview_failed(*inputs_and_shown) -> dict:
+def preview_failed(*, upload=None, shown: dict | None = None, **settings) -> dict:
     """The current inputs could not be drawn: the line over the picture says it still shows the previous ones."""
-    *inputs, shown = inputs_and_shown
-    return provenance.preview_failed(shown, inputs)
+    return provenance.preview_failed(shown, {**settings, "upload": upload})
 
 
-def begin_run() -> tuple:
+def begin_run() -> dict:
     """Run was clicked: until the run ends the button is off (a click is never silently ignored) and the previous
     run's views are cleared."""
-    return (gr.Button(interactive=False), "", "### Training…", *views.NO_RESULTS, provenance.run_started())
+    return {UI.bar.run_button: gr.Button(interactive=False), UI.bar.status: "", UI.views.summary: "### Training…",
+            **views.no_results(UI.views), UI.shown_run: provenance.run_started()}
 
 
 def end_run() -> gr.Button:
     return gr.Button(interactive=True)  # done, or stopped
 
 
-def run_failed(run: dict) -> tuple:
+def run_failed(run: dict) -> dict:
     """The run raised (its message is on screen): Run comes back, and section 2's line says so."""
-    return end_run(), "The run did not finish: see the message.", provenance.run_failed(run)
+    return {UI.bar.run_button: end_run(), UI.bar.status: "The run did not finish: see the message.",
+            UI.shown_run: provenance.run_failed(run)}
 
 
 def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: Upload | None) -> str:
@@ -103,26 +101,34 @@ def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: U
     return status
 
 
+def _collator_done(preview: dict, partial: dict, done: int, of: int, picture_px: float | None) -> dict:
+    """The views after `done` of `of` collators finished: their lines, figures, table and time anatomy."""
+    summary = "\n".join(f"- {line}" for line in report.collator_lines(partial, preview["attention_why"]))
+    return {UI.views.summary: f"### Training: {done} of {of} collators done\n{summary}",
+            **views.result_figures(UI.views, partial, picture_px), UI.views.results: report.results_table(partial),
+            **views.anatomy_views(UI.views, partial, picture_px),
+            UI.shown_run: provenance.run_training(preview["config"], done, of)}
+
+
 @user_errors
-def run_page(model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
-             max_length, request: gr.Request, progress=gr.Progress(), picture_px: float | None = None):
+def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, picture_px: float | None = None,
+             **settings):
     """Prepares the run once and draws its batch, then trains (on ZeroGPU: in the GPU worker) and yields the views
     after each collator; the last yield adds the history row and empties the upload box (the file is deleted)."""
     started = time.perf_counter()
     session, file = Session.of(request), Upload.from_value(upload)
+    emptied_upload = {} if file is None else {UI.upload: None}
     # Running from the click on: a Stop while the run is prepared or its batch drawn ends it before training
     # (the marker would otherwise only exist once training starts, and Stop would say nothing runs).
     with session.running():
-        prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
-                                  max_length, precision, optimizer)
+        prepared = prepare_inputs(file, **settings)
         job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
-        inputs = [model, dataset, upload, samples, collators, steps, batch_size, attention, precision, optimizer, seed,
-                  max_length]
         preview = demo_core.preview(prepared)
         config, steps, collator_count = preview["config"], prepared.config.steps, len(prepared.specs)
-        yield ("Training… Stop ends it after the current step.", gr.skip(), *views.preview_views(preview, picture_px),
-               *[gr.skip()] * 9, provenance.preview_shown(config, inputs),
-               provenance.run_training(config, 0, collator_count), gr.skip(), gr.skip())
+        yield {UI.bar.status: "Training… Stop ends it after the current step.",
+               **views.preview_views(UI.views, preview, picture_px),
+               UI.shown_preview: provenance.preview_shown(config, {**settings, "upload": upload}),
+               UI.shown_run: provenance.run_training(config, 0, collator_count)}
         total_steps = collator_count * steps
         # Steps done per collator: on a CPU the collators take turns step by step, so their steps arrive interleaved
         # and their results all at the end; the progress bar counts every collator's steps.
@@ -136,27 +142,22 @@ def run_page(model, dataset, upload, samples, collators, steps, batch_size, atte
                     progress((sum(steps_done.values()), total_steps),
                              desc=" · ".join(f"{name} {done}/{steps}" for name, done in steps_done.items()))
                 elif kind == gpu.RESULT:
-                    partial = payload[0]
-                    done = len(partial["results"])
+                    done = len(payload[0]["results"])
                     progress((sum(steps_done.values()), total_steps),
                              desc="contamination check" if done == collator_count else "next collator")
-                    lines = report.collator_lines(partial, preview["attention_why"])
-                    summary = "\n".join(f"- {line}" for line in lines)
-                    yield (gr.skip(), f"### Training: {done} of {collator_count} collators done\n{summary}",
-                           *[gr.skip()] * 3, *views.result_figures(partial, picture_px), report.results_table(partial),
-                           *[gr.skip()] * 3, *views.anatomy_views(partial, picture_px), gr.skip(),
-                           provenance.run_training(config, done, collator_count), gr.skip(), gr.skip())
+                    yield _collator_done(preview, payload[0], done, collator_count, picture_px)
                 else:
                     entry = payload[0]
     if entry is None:  # stopped before its first step: while it was prepared, or waited for the GPU
-        yield ("Stopped before the first step: nothing to save.", "### Stopped before the first step",
-               *[gr.skip()] * 13, provenance.run_empty(), gr.skip(), gr.skip() if file is None else None)
+        yield {UI.bar.status: "Stopped before the first step: nothing to save.",
+               UI.views.summary: "### Stopped before the first step", UI.shown_run: provenance.run_empty(),
+               **emptied_upload}
         return
-    yield (_saved_status(entry, job, file),
-           report.headline(entry.document, time.perf_counter() - started, preview["attention_why"]),
-           *[gr.skip()] * 3, *views.result_views(entry.document, entry.run_id, picture_px), gr.skip(),
-           provenance.run_saved(entry.run_id, entry.saved_at, entry.document), history_table(request),
-           gr.skip() if file is None else None)
+    yield {UI.bar.status: _saved_status(entry, job, file),
+           UI.views.summary: report.headline(entry.document, time.perf_counter() - started, preview["attention_why"]),
+           **views.result_views(UI.views, entry.document, entry.run_id, picture_px),
+           UI.shown_run: provenance.run_saved(entry.run_id, entry.saved_at, entry.document),
+           UI.views.history: history_table(request), **emptied_upload}
 
 
 def request_stop(request: gr.Request) -> str:
@@ -165,36 +166,31 @@ def request_stop(request: gr.Request) -> str:
     return "Stopping after the current step…"
 
 
-# The widgets a history click writes a run's settings back into, in the page's order.
-WIDGET_SETTINGS = ("model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "precision",
-                   "optimizer", "seed", "max_length")
-
-
 @user_errors
-def show_history_run(selection: gr.SelectData, request: gr.Request, picture_px: float | None = None):
+def show_history_run(selection: gr.SelectData, request: gr.Request, *, picture_px: float | None = None) -> dict:
     """Redraws a run picked in the history table: its settings go back into the inputs (without training), its
     batch is redrawn when its data is still readable, and its results fill section 2."""
     entry = history_view.entry(HISTORY, Session.of(request), str(selection.row_value[0]))
     document, config = entry.document, entry.document["config"]
-    settings = [config[name] for name in WIDGET_SETTINGS]
-    attention_why, missing = None, None
+    settings = provenance.settings_of(config)
+    shown, attention_why, missing = {}, None, None
     if entry.private:  # its dataset was an upload, deleted after the run: the dataset box keeps what it has
-        settings[WIDGET_SETTINGS.index("dataset")] = gr.skip()
+        del settings["dataset"]
         missing = f"the batch of run {entry.run_id} cannot be redrawn: its uploaded file was deleted"
     else:
         try:
             preview = demo_core.preview(config_from_document(document), limits=LIMITS)
-            batch, lengths, cost = views.preview_views(preview, picture_px)
-            attention_why = preview["attention_why"]
+            shown, attention_why = views.preview_views(UI.views, preview, picture_px), preview["attention_why"]
         except demo_core.DemoInputError as error:  # e.g. a data file that has since been removed
             missing = f"the batch of run {entry.run_id} cannot be redrawn: {error}"
     if missing:
-        batch, lengths, cost = None, None, f"*{missing[0].upper()}{missing[1:]}.*"
-    model, dataset, *rest = settings  # the upload box, between them, is emptied: the run's data is its dataset
-    return (f"*Run {entry.run_id} from the history*\n\n" + report.headline(document, attention_why=attention_why),
-            model, dataset, None, *rest, batch, lengths, cost, provenance.preview_shown(config, None, missing),
-            provenance.run_saved(entry.run_id, entry.saved_at, document),
-            *views.result_views(document, entry.run_id, picture_px))
+        shown = {**dict.fromkeys(views.preview_outputs(UI.views)), UI.views.cost: f"*{missing[0].upper()}{missing[1:]}.*"}
+    return {UI.views.summary: f"*Run {entry.run_id} from the history*\n\n"
+                              + report.headline(document, attention_why=attention_why),
+            **UI.settings.shown(settings), UI.upload: None,  # emptied: the run's data is its dataset
+            **shown, UI.shown_preview: provenance.preview_shown(config, None, missing),
+            UI.shown_run: provenance.run_saved(entry.run_id, entry.saved_at, document),
+            **views.result_views(UI.views, document, entry.run_id, picture_px)}
 
 
 def history_table(request: gr.Request) -> list[list]:
@@ -202,10 +198,10 @@ def history_table(request: gr.Request) -> list[list]:
 
 
 @user_errors
-def delete_my_runs(request: gr.Request) -> tuple[str, list[list]]:
+def delete_my_runs(request: gr.Request) -> dict:
     deleted = history_view.delete(HISTORY, Session.of(request))
     status = f"Deleted {len(deleted)} run(s) made in this tab." if deleted else "This tab has made no runs."
-    return status, history_table(request)
+    return {UI.bar.status: status, UI.views.history: history_table(request)}
 
 
 def forget_session(request: gr.Request) -> None:
@@ -214,17 +210,12 @@ def forget_session(request: gr.Request) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# API endpoints (gradio_client): the signature is the API, so names and defaults are the documented ones
+# API endpoints (gradio_client): the signature is the API, derived from RunConfig's declared settings (their `api`
+# positions, types, defaults and help) plus the uploaded file (serving/api_docs.py `settings_endpoint`)
 # ----------------------------------------------------------------------------------------------------------------
 
-@with_settings_args
 @user_errors
-def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
-            collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
-            batch_size: int = DEFAULTS.batch_size, attention: AttentionName = DEFAULTS.attention,
-            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length,
-            precision: PrecisionName = DEFAULTS.precision, optimizer: OptimizerName = DEFAULTS.optimizer,
-            dataset_file: gr.FileData | None = None, request: gr.Request = None) -> RunDocument:
+def compare(*, dataset_file: gr.FileData | None = None, request: gr.Request = None, **settings) -> RunDocument:
     """Trains a short burst per collator, saves the run and returns it. An uploaded file is deleted from the server
     when the run ends.
 
@@ -234,8 +225,7 @@ def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, sample
         ideal_speedup, contamination, environment, partial, and stop_reason (null, "stop" or "time budget")
     """
     session, file = Session.of(request), Upload.from_value(dataset_file)
-    prepared = prepare_inputs(file, model, dataset, samples, collators, steps, batch_size, attention, seed,
-                              max_length, precision, optimizer)
+    prepared = prepare_inputs(file, **settings)
     job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
     with session.running():
         *_, (_, entry) = runs.train_and_save(job, HISTORY, session, file)
@@ -244,14 +234,8 @@ def compare(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, sample
     return entry.document
 
 
-@with_settings_args
 @user_errors
-def preview(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, samples: int = DEFAULTS.samples,
-            collators: str = ",".join(DEFAULTS.collators), steps: int = DEFAULTS.steps,
-            batch_size: int = DEFAULTS.batch_size, attention: AttentionName = DEFAULTS.attention,
-            seed: int = DEFAULTS.seed, max_length: int = DEFAULTS.max_length,
-            precision: PrecisionName = DEFAULTS.precision, optimizer: OptimizerName = DEFAULTS.optimizer,
-            dataset_file: gr.FileData | None = None) -> PreviewDocument:
+def preview(*, dataset_file: gr.FileData | None = None, request: gr.Request = None, **settings) -> PreviewDocument:
     """The numbers before any training, from the data alone.
 
     Returns:
@@ -259,8 +243,7 @@ def preview(model: str = DEFAULTS.model, dataset: str = DEFAULTS.dataset, sample
         attention_why), device, batches (the first batch under each collator: lengths, cu_seqlens, position_ids,
         labels, shape, pad_fraction) and cost (pad fraction, ideal speedup, attention score counts, optimizer steps)
     """
-    return demo_core.preview(prepare_inputs(Upload.from_value(dataset_file), model, dataset, samples, collators,
-                                            steps, batch_size, attention, seed, max_length, precision, optimizer))
+    return demo_core.preview(prepare_inputs(Upload.from_value(dataset_file), **settings))
 
 
 def saved_runs(request: gr.Request = None) -> list[RunSummary]:
@@ -295,82 +278,85 @@ def delete_runs(run_ids: str = "", request: gr.Request = None) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_demo() -> gr.Blocks:
+def build_demo(defaults: RunConfig = DEFAULTS) -> tuple[gr.Blocks, SimpleNamespace]:
+    """The page and its components (`UI`: what the handlers write to), its inputs one per setting `defaults`'
+    dataclass declares for the page, its /compare and /preview parameters one per setting declared for the API."""
     # delete_cache: Gradio sweeps the files it holds for this app (uploads nobody ran, served copies of downloads).
     with gr.Blocks(title="Packing Lab", delete_cache=uploads.sweep_schedule(), fill_width=True) as demo:
         gr.Markdown(layout.INTRO)
-        bar = layout.action_bar()
+        ui = SimpleNamespace(bar=layout.action_bar())
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=320):
-                inputs = layout.settings_column(LIMITS, DEFAULTS)
+                ui.settings = layout.settings_column(LIMITS, defaults)
+                ui.upload = ui.settings.extras["upload"]
             with gr.Column(scale=3):
-                views = layout.views_column()
+                ui.views = layout.views_column()
         # What each section shows (serving.provenance), and the batch picture's width (set by WITH_PICTURE_WIDTH).
-        shown_preview, shown_run = gr.State(None), gr.State(provenance.NO_RUN)
-        picture_px = gr.Number(visible=False)
-        planner_page.build_planner_section(demo, picture_px)
-        _wire(demo, bar, inputs, views, shown_preview, shown_run, picture_px)
+        ui.shown_preview, ui.shown_run = gr.State(None), gr.State(provenance.NO_RUN)
+        ui.picture_px = gr.Number(visible=False)
+        planner_page.build_planner_section(demo, ui.picture_px)
+        _wire(demo, ui)
+        for endpoint, name, returns, options in (
+                (compare, "compare", "document", dict(concurrency_id="training")),
+                (preview, "preview", "numbers", dict(concurrency_id="preview", concurrency_limit=4))):
+            documented_api(demo, settings_endpoint(endpoint, defaults, DATASET_FILE), name, returns, **options)
+        documented_api(demo, saved_runs, "history", "runs", concurrency_id="history", concurrency_limit=4)
+        documented_api(demo, delete_runs, "delete_runs", "deleted", concurrency_id="history", concurrency_limit=4)
     # One training job at a time: every training event shares the "training" group under this default limit.
     demo.queue(default_concurrency_limit=1)
-    return demo
+    return demo, ui
 
 
-def _wire(demo, bar, inputs, views, shown_preview, shown_run, picture_px) -> None:
-    page_inputs = [inputs.model.box, inputs.dataset.box, inputs.upload, inputs.samples, inputs.collators, inputs.steps,
-                   inputs.batch_size, inputs.attention, inputs.precision, inputs.optimizer, inputs.seed,
-                   inputs.max_length]
-    preview_outputs = [views.batch_plot, views.lengths_plot, views.cost]
-    result_outputs = [views.throughput_plot, views.loss_plot, views.memory_plot, views.results, views.contamination,
-                      views.json_file, views.csv_file, views.anatomy_plot, views.anatomy_text]
+def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
+    bar, form, shown = ui.bar, ui.settings, ui.views
+    # The page's settings by name (one widget per declared setting) and the upload box; the picture's width last,
+    # where WITH_PICTURE_WIDTH puts it.
+    page_inputs = {**form.widgets, "upload": ui.upload}
+    preview_outputs, result_outputs = views.preview_outputs(shown), views.result_outputs(shown)
     # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
     # (every event in a concurrency group needs the group's limit: the lowest one given wins)
     in_preview_group = dict(concurrency_id="preview", concurrency_limit=4, api_visibility="private")
     # Bookkeeping that waits for nothing. Queued all the same: a State that an unqueued event sets fires no `change`.
     instant = dict(concurrency_limit=None, show_progress="hidden", api_visibility="private")
-    preview_options = dict(fn=show_preview, inputs=[*page_inputs, shown_preview, picture_px],
-                           js=page.WITH_PICTURE_WIDTH, outputs=[*preview_outputs, shown_preview],
+    preview_options = dict(fn=show_preview, js=page.WITH_PICTURE_WIDTH, outputs=[*preview_outputs, ui.shown_preview],
+                           inputs_kwargs={**page_inputs, "shown": ui.shown_preview, "picture_px": ui.picture_px},
                            trigger_mode="always_last", show_progress="minimal", **in_preview_group)
     # Only what a person does triggers a preview (`input`, Enter, leaving a box, a chip, an upload), never a value a
     # handler writes (a history click fills every input at once; that run's batch is drawn by the click itself).
-    previews = gr.on([demo.load, inputs.model.box.submit, inputs.model.box.blur, inputs.dataset.box.submit,
-                      inputs.dataset.box.blur, inputs.upload.upload, inputs.upload.clear, inputs.samples.input,
-                      inputs.collators.input, inputs.steps.input, inputs.batch_size.input, inputs.attention.input,
-                      inputs.precision.input, inputs.optimizer.input, inputs.seed.input, inputs.max_length.input],
-                     **preview_options)
-    previews.failure(preview_failed, inputs=[*page_inputs, shown_preview], outputs=shown_preview, **instant)
-    for field in (inputs.model, inputs.dataset):
-        for choice, chip in field.chips.items():
-            chip.click(None, js=f"() => {json.dumps(choice)}", outputs=field.box).then(**preview_options)
-    gr.on([shown_preview.change, shown_run.change], provenance.lines, inputs=[shown_preview, shown_run],
-          outputs=[views.batch_source, views.results_source], queue=False, show_progress="hidden",
+    previews = gr.on([demo.load, *form.edits(), ui.upload.upload, ui.upload.clear], **preview_options)
+    previews.failure(preview_failed, inputs_kwargs={**page_inputs, "shown": ui.shown_preview},
+                     outputs=ui.shown_preview, **instant)
+    for name, chips in form.chips.items():
+        for choice, chip in chips.items():
+            chip.click(None, js=f"() => {json.dumps(choice)}", outputs=form.widgets[name]).then(**preview_options)
+    gr.on([ui.shown_preview.change, ui.shown_run.change], provenance.lines, inputs=[ui.shown_preview, ui.shown_run],
+          outputs=[shown.batch_source, shown.results_source], queue=False, show_progress="hidden",
           api_visibility="private")
-    demo.load(history_table, outputs=views.history, api_visibility="private")  # every load: survives restarts
+    demo.load(history_table, outputs=shown.history, api_visibility="private")  # every load: survives restarts
 
     training = bar.run_button.click(begin_run, **instant,
-                                    outputs=[bar.run_button, bar.status, views.summary, *result_outputs, shown_run])
-    run = training.then(run_page, inputs=[*page_inputs, picture_px], js=page.WITH_PICTURE_WIDTH,
-                        api_visibility="private", concurrency_id="training", show_progress_on=[bar.progress],
-                        outputs=[bar.status, views.summary, *preview_outputs, *result_outputs, shown_preview,
-                                 shown_run, views.history, inputs.upload])
+                                    outputs=[bar.run_button, bar.status, shown.summary, *result_outputs, ui.shown_run])
+    run = training.then(run_page, inputs_kwargs={**page_inputs, "picture_px": ui.picture_px},
+                        js=page.WITH_PICTURE_WIDTH, api_visibility="private", concurrency_id="training",
+                        show_progress_on=[bar.progress],
+                        outputs=[bar.status, shown.summary, *preview_outputs, *result_outputs, ui.shown_preview,
+                                 ui.shown_run, shown.history, ui.upload])
     # Gradio 6.31's page follows a failed event with its `.failure` listeners only (not `.then`, whatever its docs
     # say), so each ending gives Run back on its own.
     run.success(end_run, outputs=bar.run_button, **instant)
-    run.failure(run_failed, inputs=shown_run, outputs=[bar.run_button, bar.status, shown_run], **instant)
+    run.failure(run_failed, inputs=ui.shown_run, outputs=[bar.run_button, bar.status, ui.shown_run], **instant)
     bar.stop_button.click(request_stop, outputs=bar.status, api_visibility="private", concurrency_limit=None,
                           concurrency_id="stop")
-    views.history.select(show_history_run, inputs=picture_px, js=page.WITH_PICTURE_WIDTH, **in_preview_group,
-                         outputs=[views.summary, *page_inputs, *preview_outputs, shown_preview, shown_run,
-                                  *result_outputs])
-    views.delete_button.click(delete_my_runs, outputs=[bar.status, views.history], api_visibility="private",
+    shown.history.select(show_history_run, inputs_kwargs={"picture_px": ui.picture_px}, js=page.WITH_PICTURE_WIDTH,
+                         **in_preview_group,
+                         outputs=[shown.summary, *form.widgets.values(), ui.upload, *preview_outputs,
+                                  ui.shown_preview, ui.shown_run, *result_outputs])
+    shown.delete_button.click(delete_my_runs, outputs=[bar.status, shown.history], api_visibility="private",
                               concurrency_id="history", concurrency_limit=4)
     demo.unload(forget_session)
-    documented_api(demo, compare, "compare", "document", concurrency_id="training")
-    documented_api(demo, preview, "preview", "numbers", concurrency_id="preview", concurrency_limit=4)
-    documented_api(demo, saved_runs, "history", "runs", concurrency_id="history", concurrency_limit=4)
-    documented_api(demo, delete_runs, "delete_runs", "deleted", concurrency_id="history", concurrency_limit=4)
 
 
-demo = build_demo()
+demo, UI = build_demo()
 
 
 def launch(**overrides):

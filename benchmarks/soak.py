@@ -50,15 +50,14 @@ def live_objects() -> dict[str, int]:
 
 def page_runner(app, arguments: argparse.Namespace):
     """One Run click: the page handler, each yield post-processed by its output components as Gradio does."""
-    block_fn = next(fn for fn in app.demo.fns.values() if fn.name == "run_page")
     request = types.SimpleNamespace(session_hash="soak")
 
     def run(index: int) -> dict:
-        updates = app.run_page(arguments.model, arguments.dataset, None, arguments.samples + index,
-                               arguments.collators.split(","), arguments.steps, arguments.batch_size, "auto", "auto",
-                               "adamw", index, 1024, request=request)
-        for values in updates:
-            for component, value in zip(block_fn.outputs, values):
+        updates = app.run_page(request, model=arguments.model, dataset=arguments.dataset,
+                               samples=arguments.samples + index, collators=arguments.collators.split(","),
+                               steps=arguments.steps, batch_size=arguments.batch_size, seed=index, max_length=1024)
+        for values in updates:  # {component: value}, what each yield changes
+            for component, value in values.items():
                 if value is not None and not isinstance(value, dict):  # gr.skip() is an update dict: nothing sent
                     component.postprocess(value)
         return app.HISTORY.entries()[-1].document

@@ -62,9 +62,9 @@ class PlanRequest:
                               help="tokens per example; with a length profile, examples are cut to this length")
     dataset: str | None = setting(None, api=3, page=Widget(4, kind="dropdown", label="Lengths",
                                                            choices=lambda: (EQUAL_LENGTHS, *data.BUILTIN_DATASETS)),
-                                  help="a length profile instead of equal lengths (flan-like, orcamath-like, a "
-                                       ".json/.jsonl file or a hub dataset id): the batch that needs the most memory "
-                                       "is planned")
+                                  help="a length profile instead of equal lengths, flan-like or orcamath-like (the "
+                                       "CLI also reads a .json/.jsonl file or a hub dataset id): the batch that needs "
+                                       "the most memory is planned")
     samples: int = setting(512, minimum=1, help="examples drawn for the length profile")
     packed: bool = setting(False, api=4, page=Widget(5, label="Packed (padding-free)"),
                            help="padding-free: each batch in one row")

@@ -8,10 +8,11 @@
 - `downloads`: a run's JSON and CSV files;
 - `gpu`: the part of a run that needs the GPU, shaped for ZeroGPU's forked worker process and its time limit;
 - `runs`: a run from the server's side: its time plan, the GPU part, what is saved and what is deleted;
-- `layout`: the page's widgets, in page order; `page`: its theme, CSS and JavaScript (sticky action bar, phone layout,
-  contrast, plot alt text);
+- `layout`: the page's widgets, in page order; `widgets`: a widget per declared setting (demo_core/settings.py);
+  `page`: its theme, CSS and JavaScript (sticky action bar, phone layout, contrast, plot alt text);
 - `views`: a preview's and a run's figures and tables, drawn for the width the browser shows them at;
 - `provenance`: which settings or run each section of the page shows, in one line over it;
-- `api_docs`: names, types and descriptions of the API endpoints' parameters and returns;
+- `api_docs`: names, types and descriptions of the API endpoints' parameters (derived from the declared settings)
+  and returns;
 - `planner_page`: the "Will it fit?" section and its `/plan` endpoint (the memory planner, no training).
 """

@@ -8,23 +8,22 @@ string "dict", shown as "Any". `documented_api` resolves the signature first, re
 then names each parameter's component after the parameter and gives it the docstring's description; the return
 is typed by a `TypedDict` below and described by the docstring's `Returns:`. The descriptions live in one place,
 the docstrings, which the MCP tab reads too.
+
+The endpoints that take a run's (or a plan's) settings get their signature and their `Args:` from the declared
+settings (`settings_endpoint`, demo_core/settings.py): a setting declared with an `api` position is a parameter.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
-from typing import Any, Literal, TypedDict
+from typing import Any, Callable, Literal, TypedDict
 
 import gradio as gr
 from gradio.utils import get_function_description, get_function_params
 
-from demo_core import ATTENTION_NAMES, BUILTIN_DATASETS, COLLATORS, OPTIMIZER_NAMES, PRECISION_NAMES, PRESETS
-
-# The choices the engine accepts, as types the API page lists (an unlisted value still reaches the engine's own
-# validation, which names the choices in its message).
-AttentionName = Literal[ATTENTION_NAMES]  # type: ignore[valid-type]
-PrecisionName = Literal[PRECISION_NAMES]  # type: ignore[valid-type]
-OptimizerName = Literal[OPTIMIZER_NAMES]  # type: ignore[valid-type]
+from demo_core.settings import Setting, api_settings
 
 
 class RunDocument(TypedDict):
@@ -74,25 +73,62 @@ class RunSummary(TypedDict):
     yours: bool
 
 
-SETTINGS_ARGS = f"""Args:
-        model: a preset ({", ".join(PRESETS)}), a hub id, or a local folder under the allowed roots
-        dataset: {" or ".join(BUILTIN_DATASETS)}, a hub dataset id, or a .json/.jsonl file under the allowed roots
-        samples: how many examples to draw from the dataset
-        collators: comma-separated collator names ({", ".join(COLLATORS)}), e.g. "padded,flatten"
-        steps: optimizer steps per collator (step 1 is a warm-up, left out of the timings)
-        batch_size: examples per step (for bfd and trl-bfd: packed rows)
-        attention: auto (varlen or flash-attn 2 where they work), or one path by name
-        seed: seed of the data order and of the initial weights
-        max_length: longer examples are truncated to this many tokens
-        precision: auto (bf16 on a GPU that has it, else fp32), or one by name
-        optimizer: the optimizer every collator trains with
-        dataset_file: a .json/.jsonl file used instead of dataset (gradio_client.handle_file), private to you"""
+@dataclasses.dataclass(frozen=True)
+class ApiParameter:
+    """A parameter an endpoint takes besides the declared settings (the uploaded file), at its fixed position."""
+
+    position: int
+    name: str
+    type: Any
+    help: str
+    default: Any = None
 
 
-def with_settings_args(endpoint):
-    """Appends the run settings' descriptions to the docstring's `Args:`, shared by the endpoints that take them."""
-    summary, _, returns = endpoint.__doc__.partition("Returns:")
-    endpoint.__doc__ = f"{summary.rstrip()}\n\n    {SETTINGS_ARGS}\n\n    Returns:{returns}"
+# The file parameter of /compare and /preview, added after the eleven settings of the time; settings declared later
+# take the positions after it (RunConfig's `api`), so that no positional call ever changes meaning.
+DATASET_FILE = ApiParameter(11, "dataset_file", gr.FileData | None,
+                            "a .json/.jsonl file used instead of dataset (gradio_client.handle_file), private to you")
+
+
+def _api_type(item: Setting):
+    """What the API page lists: the choices as `Literal[...]`, a list setting as its comma-separated string."""
+    if item.choices is not None:
+        return Literal[item.choice_values()]  # type: ignore[valid-type]
+    return str if item.base is tuple else item.type
+
+
+def settings_endpoint(handler: Callable, defaults, *extras: ApiParameter) -> Callable:
+    """An endpoint for `gr.api` whose signature is derived from the declared settings of `defaults`' dataclass (its
+    `api` positions, types and help; the values of `defaults` as defaults) plus `extras`, then the `gr.Request` when
+    the handler takes one.
+
+    `gr.api` reads the signature (parameter names, order, defaults), the type hints and the docstring's `Args:`, and
+    calls the endpoint with positional values: the endpoint binds them to their names and calls
+    `handler(**by name)`, so the handler itself takes the settings by name (`**settings`)."""
+    items = api_settings(type(defaults))
+    parameters = [(item.name, _api_type(item), getattr(defaults, item.name), item.described()) for item in items]
+    for extra in sorted(extras, key=lambda extra: extra.position):
+        parameters.insert(extra.position, (extra.name, extra.type, extra.default, extra.help))
+    kind, handler_signature = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.signature(handler, eval_str=True)
+    asks_request = "request" in handler_signature.parameters  # Gradio fills it in: it is no API parameter
+    signature = inspect.Signature(
+        [inspect.Parameter(name, kind, default=",".join(default) if isinstance(default, tuple) else default,
+                           annotation=kind_of) for name, kind_of, default, _ in parameters]
+        + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)] * asks_request,
+        return_annotation=handler_signature.return_annotation)
+
+    @functools.wraps(handler)
+    def endpoint(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return handler(**bound.arguments)
+
+    endpoint.__signature__ = signature
+    endpoint.__annotations__ = {**{name: p.annotation for name, p in signature.parameters.items()},
+                                "return": signature.return_annotation}
+    summary, _, returns = (handler.__doc__ or "").partition("Returns:")
+    described = "\n".join(f"        {name}: {help}" for name, _, _, help in parameters)
+    endpoint.__doc__ = f"{summary.rstrip()}\n\n    Args:\n{described}\n\n    Returns:{returns}"
     return endpoint
 
 

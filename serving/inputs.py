@@ -43,17 +43,16 @@ def check_local_path(value, what: str, file_suffixes: tuple[str, ...] = ()) -> N
             f"ask the operator to add its folder to {ALLOWED_ROOTS_ENV}")
 
 
-def prepare(limits: Limits, upload: Upload | None, model, dataset, samples, collators, steps, batch_size, attention,
-            seed, max_length, precision, optimizer) -> demo_core.Prepared:
-    """The one way the page and the API start a run or a preview. An uploaded file replaces the dataset field and is
-    recorded by its name (the engine adds size and SHA-256); everything else is validated by the engine."""
-    check_local_path(model, "model")
+def prepare(limits: Limits, upload: Upload | None, **settings) -> demo_core.Prepared:
+    """The one way the page and the API start a run or a preview, from the settings by name (those not given keep
+    RunConfig's defaults). An uploaded file replaces the dataset field and is recorded by its name (the engine adds
+    size and SHA-256); everything else is validated by the engine."""
+    check_local_path(settings.get("model"), "model")
     if upload is None:
-        check_local_path(dataset, "dataset", (".json", ".jsonl"))
-    config = RunConfig(model=model, dataset=dataset if upload is None else upload.name, samples=samples,
-                       collators=collators, steps=steps, batch_size=batch_size, attention=attention, seed=seed,
-                       max_length=max_length, precision=precision, optimizer=optimizer)
-    return demo_core.prepare(config, limits, dataset_file=None if upload is None else upload.path)
+        check_local_path(settings.get("dataset"), "dataset", (".json", ".jsonl"))
+    else:
+        settings["dataset"] = upload.name
+    return demo_core.prepare(RunConfig(**settings), limits, dataset_file=None if upload is None else upload.path)
 
 
 def config_from_document(document: dict) -> RunConfig:

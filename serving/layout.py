@@ -1,5 +1,6 @@
-"""The page's widgets, in page order: the intro, the action bar, the inputs (left column) and the views (right
-column). `app.py` builds the page from these and wires their events; nothing here handles an event.
+"""The page's widgets, in page order: the intro, the action bar, the inputs (left column, from the declared settings:
+serving/widgets.py) and the views (right column). `app.py` builds the page from these and wires their events; nothing
+here handles an event.
 """
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from demo_core import (ATTENTION_NAMES, BUILTIN_DATASETS, COLLATORS, OPTIMIZER_NAMES, PRECISION_NAMES, PRESETS, Limits,
-                       RunConfig, report)
+from demo_core import Limits, RunConfig, report
+from demo_core.settings import page_settings
 
 from . import provenance
+from .widgets import Form, settings_form
 
 INTRO = """
 # Packing Lab: padding vs padding-free packing, measured
@@ -35,44 +37,17 @@ def action_bar() -> SimpleNamespace:
     return ui
 
 
-def text_with_chips(choices, value: str, label: str, info: str, elem_id: str) -> SimpleNamespace:
-    """A free-text box with its usual values as chips below: typing `gpt2` and Enter keeps `gpt2` (a Dropdown would
-    pick its first match, `tiny-gpt2`), and a chip click fills the box."""
-    box = gr.Textbox(value, label=label, info=info, elem_id=elem_id, max_lines=1)
-    with gr.Row(elem_classes="chips"):
-        chips = {choice: gr.Button(choice, size="sm", variant="secondary") for choice in choices}
-    return SimpleNamespace(box=box, chips=chips)
+def upload_box() -> gr.File:
+    return gr.File(label="Or upload .json / .jsonl (used instead; private to this tab, deleted after the run)",
+                   file_types=[".json", ".jsonl"], type="filepath", elem_id="upload")
 
 
-def settings_column(limits: Limits, defaults: RunConfig) -> SimpleNamespace:
-    """The inputs (the page's left column), their ranges from the limits and their values the defaults."""
-    ui = SimpleNamespace()
-    ui.model = text_with_chips(PRESETS, defaults.model, "Model", "a preset below (tiny-*: random weights, trains on "
-                                "a CPU), a hub id such as gpt2, or a local folder; Enter draws it", "model")
-    ui.dataset = text_with_chips(BUILTIN_DATASETS, defaults.dataset, "Dataset", "a built-in length profile below, "
-                                  "or a hub dataset id; Enter draws it", "dataset")
-    ui.upload = gr.File(label="Or upload .json / .jsonl (used instead; private to this tab, deleted after the run)",
-                        file_types=[".json", ".jsonl"], type="filepath", elem_id="upload")
-    ui.samples = gr.Slider(1, limits.max_samples, value=defaults.samples, step=1, label="Samples",
-                           info="examples drawn from the dataset", elem_id="samples")
-    ui.collators = gr.CheckboxGroup([(spec.label, name) for name, spec in COLLATORS.items()],
-                                    value=list(defaults.collators), label="Collators to compare", elem_id="collators")
-    ui.steps = gr.Slider(1, limits.max_steps, value=defaults.steps, step=1, label="Steps per collator",
-                         info="step 1 is warm-up and not timed", elem_id="steps")
-    ui.batch_size = gr.Slider(1, limits.max_batch_size, value=defaults.batch_size, step=1, label="Batch size",
-                              info="examples per step (bfd: packed rows)", elem_id="batch-size")
-    with gr.Accordion("More settings", open=False):
-        ui.attention = gr.Dropdown(list(ATTENTION_NAMES), value=defaults.attention, label="Attention",
-                                   info="auto: varlen (our per-example kernel) or flash-attn 2 on a GPU",
-                                   elem_id="attention")
-        ui.precision = gr.Dropdown(list(PRECISION_NAMES), value=defaults.precision, label="Precision",
-                                   info="auto: bf16 on a GPU that has it, else fp32", elem_id="precision")
-        ui.optimizer = gr.Dropdown(list(OPTIMIZER_NAMES), value=defaults.optimizer, label="Optimizer",
-                                   elem_id="optimizer")
-        ui.seed = gr.Number(defaults.seed, precision=0, label="Seed", minimum=0, elem_id="seed")
-        ui.max_length = gr.Slider(2, limits.max_length, value=defaults.max_length, step=1, label="Max length",
-                                  info="longer examples are truncated", elem_id="max-length")
-    return ui
+def settings_column(limits: Limits, defaults: RunConfig) -> Form:
+    """The inputs (the page's left column): a widget per setting RunConfig declares for the page (serving/widgets.py),
+    their ranges from the limits and their values the defaults; the upload box follows the dataset it replaces."""
+    values = {item.name: getattr(defaults, item.name) for item in page_settings(type(defaults))}
+    return settings_form(type(defaults), values, limits, enter_hint="Enter draws it",
+                         extras={"upload": ("dataset", upload_box)})
 
 
 # What each figure shows, for people who cannot see it: the plots' labels, which page.js makes their alt text.

@@ -1,8 +1,9 @@
 """The "Will it fit?" section of the page: the memory planner (demo_core/planner.py) for real model sizes.
 
-`build_planner_section(demo)` creates the widgets and their wiring inside the page's active `gr.Blocks` and
-registers the `/plan` API endpoint (named, typed and described parameters, as the other endpoints). The handlers
-are plain functions: `plan_page` for the widgets, `plan_api` for gradio_client. Figures are matplotlib `Figure`
+`build_planner_section(demo)` creates the widgets (one per setting `PlanRequest` declares for the page) and their
+wiring inside the page's active `gr.Blocks` and registers the `/plan` API endpoint (named, typed and described
+parameters derived from the declaration, as the other endpoints). The handlers are plain functions that take the
+settings by name: `plan_page` for the widgets, `plan_api` for gradio_client. Figures are matplotlib `Figure`
 objects, never pyplot (a long-running server must not keep them in a registry).
 """
 
@@ -11,96 +12,72 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
 import gradio as gr
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from demo_core.config import ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
 from demo_core.data import BUILTIN_DATASETS
 from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
-from demo_core.planner import (GIB, GPU_SIZES_GB, SHARDING_NAMES, DeviceEstimate, Plan, PlanRequest,
-                               device_estimate, largest_fit_words, plan, shipped_configs)
+from demo_core.planner import (EQUAL_LENGTHS, GIB, DeviceEstimate, Plan, PlanRequest, device_estimate,
+                               largest_fit_words, plan, shipped_configs)
 from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
+from demo_core.settings import page_settings
 
-from .api_docs import documented_api
+from .api_docs import documented_api, settings_endpoint
 from .errors import user_errors
-from .layout import text_with_chips
 from .page import WITH_PICTURE_WIDTH, figure_width_in
+from .widgets import settings_form
 
-PlanPrecision = Literal[ESTIMATE_PRECISION_NAMES]  # type: ignore[valid-type]
-PlanOptimizer = Literal[ESTIMATE_OPTIMIZER_NAMES]  # type: ignore[valid-type]
-ShardName = Literal[SHARDING_NAMES]  # type: ignore[valid-type]
-EQUAL_LENGTHS = "equal lengths"
 DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
-# The section's inputs as the page opens, by `plan_page`'s parameter names (the widgets and the warm-up read them,
-# so the plan the server computes ahead is the one a first visitor asks for).
-PAGE_DEFAULTS = {"batch_size": 8, "seq_length": 2048, "dataset": "flan-like", "packed": False, "precision": "bf16",
-                 "optimizer": "adamw", "lora_rank": 0, "qlora": False, "gradient_checkpointing": False, "gpus": 1,
-                 "shard": "none", "gpu_gb": 80}
+# The section's inputs as the page opens, by setting name: the declared defaults (PlanRequest), on a question packing
+# answers (the widgets and the warm-up read them, so the plan the server computes ahead is the one a first visitor
+# asks for).
+PAGE_DEFAULTS = {**{item.name: item.default for item in page_settings(PlanRequest)}, "model": DEFAULT_MODEL,
+                 "dataset": "flan-like"}
+API_DEFAULTS = PlanRequest(model=DEFAULT_MODEL)
 GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
 
 
-def _request(model: str, batch_size, seq_length, dataset: str, packed: bool, precision: str, optimizer: str,
-             lora_rank, qlora: bool, gradient_checkpointing: bool, gpus, shard: str, gpu_gb) -> PlanRequest:
-    """A PlanRequest from page or API values. The page reads no local files: configs of presets, shipped models
-    and cached hub ids only, built-in length profiles only (the CLI takes folders and files)."""
-    model = (model or "").strip()
+class PlanViews(NamedTuple):
+    summary: str
+    bars: Figure  # stacked bars padded vs packed
+    curve: Figure  # memory against sequence length
+
+
+def _request(**settings) -> PlanRequest:
+    """A PlanRequest from page or API values, by name. The page reads no local files: configs of presets, shipped
+    models and cached hub ids only, built-in length profiles only (the CLI takes folders and files)."""
+    model = (settings.get("model") or "").strip()
     if model and Path(model).expanduser().exists():
         raise DemoInputError("the page plans presets, shipped configs and cached hub ids; for a local folder use "
                              "`python -m demo_core plan --model PATH`")
+    dataset = settings.get("dataset")
     dataset = None if dataset in (None, "", EQUAL_LENGTHS) else dataset
     if dataset is not None and dataset not in BUILTIN_DATASETS:
         raise DemoInputError(f"choose a built-in length profile ({', '.join(BUILTIN_DATASETS)}) or equal lengths")
-    return PlanRequest(model=model, batch_size=batch_size, seq_length=seq_length, dataset=dataset,
-                       packed=bool(packed), precision=precision, optimizer=optimizer, lora_rank=lora_rank,
-                       qlora=bool(qlora), gradient_checkpointing=bool(gradient_checkpointing), gpus=gpus,
-                       shard=shard, gpu_gb=gpu_gb)
+    return PlanRequest(**{**settings, "model": model, "dataset": dataset})
 
 
-def plan_api(model: str = DEFAULT_MODEL, batch_size: int = 8, seq_length: int = 2048, dataset: str = "",
-             packed: bool = False, precision: PlanPrecision = "bf16", optimizer: PlanOptimizer = "adamw",
-             lora_rank: int = 0, qlora: bool = False, gradient_checkpointing: bool = False, gpus: int = 1,
-             shard: ShardName = "none", gpu_gb: float = 80) -> dict[str, Any]:
+def plan_api(**settings) -> dict[str, Any]:
     """Memory per device of a fine-tune, from the model's config alone: no weights, no training.
-
-    Args:
-        model: a shipped config of a real model (e.g. Llama-3.1-8B), a preset, or a hub id in the local cache
-        batch_size: examples per device per step
-        seq_length: tokens per example (the longest, when a length profile is given)
-        dataset: "" for equal lengths, or a built-in length profile (flan-like, orcamath-like): the batch that needs
-            the most memory is planned
-        packed: padding-free packing (one row per batch) instead of padding
-        precision: fp32, bf16/fp16 mixed precision (fp32 master weights), or pure bf16
-        optimizer: the optimizer whose states are counted
-        lora_rank: LoRA rank on the attention and MLP projections; 0 for a full fine-tune
-        qlora: the frozen base weights in 4 bits (with lora_rank > 0)
-        gradient_checkpointing: keep only each layer's input and recompute the layer in backward
-        gpus: devices the run is spread over
-        shard: none (DDP: full copies), zero1/zero2/zero3 or fsdp
-        gpu_gb: the GPU size the largest batch size and sequence length are searched for
 
     Returns:
         per_device (category -> bytes), total_bytes (the peak), peak_moment, fits (GPU GB -> bool), max_batch_size,
         max_seq_length and scaling (padded vs packed bytes per sequence length)
     """
-    return plan(_request(model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
-                         gradient_checkpointing, gpus, shard, gpu_gb)).to_dict()
+    return plan(_request(**settings)).to_dict()
 
 
-def plan_page(model: str, batch_size, seq_length, dataset: str, packed: bool, precision: str, optimizer: str,
-              lora_rank, qlora: bool, gradient_checkpointing: bool, gpus, shard: str, gpu_gb,
-              picture_px: float | None = None) -> tuple[str, Figure, Figure]:
-    """(summary, stacked bars padded vs packed, sequence-length curve) for the widgets' values, the figures drawn
-    for the width the page shows its pictures at (`picture_px`, as the run's figures)."""
-    chosen, padded, packed = _plan_both_layouts(_request(
-        model, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
-        gradient_checkpointing, gpus, shard, gpu_gb))
+def plan_page(*, picture_px: float | None = None, **settings) -> PlanViews:
+    """The summary and the two figures for the widgets' values, the figures drawn for the width the page shows its
+    pictures at (`picture_px`, as the run's figures)."""
+    chosen, padded, packed = _plan_both_layouts(_request(**settings))
     width_in = figure_width_in(picture_px, RESULT_WIDTH_IN)
-    return (summary_markdown(chosen), bars_figure(padded, packed, chosen.request.packed, width_in),
-            scaling_figure(chosen, width_in))
+    return PlanViews(summary_markdown(chosen), bars_figure(padded, packed, chosen.request.packed, width_in),
+                     scaling_figure(chosen, width_in))
 
 
 def _plan_both_layouts(request: PlanRequest) -> tuple[Plan, DeviceEstimate, DeviceEstimate]:
@@ -121,7 +98,7 @@ def warm_up_in_background() -> threading.Thread:
 
     def plan_each() -> None:  # what `plan_page` computes, without drawing the figures
         for model in models:
-            _plan_both_layouts(_request(model, **PAGE_DEFAULTS))
+            _plan_both_layouts(_request(**{**PAGE_DEFAULTS, "model": model}))
 
     thread = threading.Thread(target=plan_each, daemon=True, name="planner-warm-up")
     thread.start()
@@ -216,48 +193,34 @@ FIGURE_TEXT = {
 
 
 def build_planner_section(demo: gr.Blocks, picture_px: gr.Number) -> None:
-    """The section's widgets and wiring, inside the page's `gr.Blocks`; also registers the `/plan` endpoint.
+    """The section's widgets (one per setting PlanRequest declares for the page) and wiring, inside the page's
+    `gr.Blocks`; also registers the `/plan` endpoint (its parameters those PlanRequest declares for the API).
     `picture_px` is the page's hidden width of its pictures, which `WITH_PICTURE_WIDTH` fills in."""
     gr.Markdown("## 4 · Will it fit? Memory of a real fine-tune, without training\n"
                 "The same estimate every run above checks against its measurement, for real model sizes: "
                 "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs.")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=320):
-            model = text_with_chips(shipped_configs(), DEFAULT_MODEL, "Model", "a real model's shipped config "
-                                    "below, a preset (tiny-llama, llama-1b, ...), or a hub id in the local cache",
-                                    "plan-model")
-            start = PAGE_DEFAULTS
-            with gr.Row():
-                batch_size = gr.Number(start["batch_size"], precision=0, minimum=1, label="Batch size per device")
-                seq_length = gr.Number(start["seq_length"], precision=0, minimum=2, label="Sequence length")
-            dataset = gr.Dropdown([EQUAL_LENGTHS, *BUILTIN_DATASETS], value=start["dataset"], label="Lengths",
-                                  info="a length profile: the batch that needs the most memory is planned")
-            packed = gr.Checkbox(start["packed"], label="Packed (padding-free)")
-            with gr.Row():
-                precision = gr.Dropdown(list(ESTIMATE_PRECISION_NAMES), value=start["precision"], label="Precision")
-                optimizer = gr.Dropdown(list(ESTIMATE_OPTIMIZER_NAMES), value=start["optimizer"], label="Optimizer")
-            with gr.Row():
-                lora_rank = gr.Number(start["lora_rank"], precision=0, minimum=0, label="LoRA rank (0: full)")
-                qlora = gr.Checkbox(start["qlora"], label="QLoRA (4-bit base)")
-            checkpointing = gr.Checkbox(start["gradient_checkpointing"], label="Gradient checkpointing")
-            with gr.Row():
-                gpus = gr.Number(start["gpus"], precision=0, minimum=1, label="GPUs")
-                shard = gr.Dropdown(list(SHARDING_NAMES), value=start["shard"], label="Sharding")
-            gpu_gb = gr.Dropdown(list(GPU_SIZES_GB), value=start["gpu_gb"],
-                                 label="GPU size for the largest batch and length (GB)")
+            form = settings_form(PlanRequest, PAGE_DEFAULTS, elem_prefix="plan-", enter_hint="Enter plans it")
             button = gr.Button("Will it fit?", variant="primary", elem_id="plan")
         with gr.Column(scale=3):
             summary = gr.Markdown("Choose a model and press **Will it fit?**", elem_id="plan-summary")
             with gr.Row():
                 bars = gr.Plot(label=FIGURE_TEXT["bars"], show_label=False, elem_id="plan-bars", min_width=340)
                 curve = gr.Plot(label=FIGURE_TEXT["curve"], show_label=False, elem_id="plan-curve", min_width=340)
-    inputs = [model.box, batch_size, seq_length, dataset, packed, precision, optimizer, lora_rank, qlora,
-              checkpointing, gpus, shard, gpu_gb]
-    for choice, chip in model.chips.items():
-        chip.click(lambda choice=choice: choice, outputs=model.box, queue=False, show_progress="hidden",
-                   api_visibility="private")
+
+    @user_errors
+    def show_plan(*, picture_px: float | None = None, **settings) -> dict:
+        views = plan_page(picture_px=picture_px, **settings)
+        return {summary: views.summary, bars: views.bars, curve: views.curve}
+
+    for name, chips in form.chips.items():
+        for choice, chip in chips.items():
+            chip.click(lambda choice=choice: choice, outputs=form.widgets[name], queue=False, show_progress="hidden",
+                       api_visibility="private")
     # No model runs and no training: it must not wait behind a training job, so it has its own group.
-    gr.on([button.click, model.box.submit], user_errors(plan_page), inputs=[*inputs, picture_px],
-          js=WITH_PICTURE_WIDTH, outputs=[summary, bars, curve], api_visibility="private", concurrency_id="plan",
-          concurrency_limit=4)
-    documented_api(demo, user_errors(plan_api), "plan", "plan", concurrency_id="plan", concurrency_limit=4)
+    gr.on([button.click, form.widgets["model"].submit], show_plan,
+          inputs_kwargs={**form.widgets, "picture_px": picture_px}, js=WITH_PICTURE_WIDTH,
+          outputs=[summary, bars, curve], api_visibility="private", concurrency_id="plan", concurrency_limit=4)
+    documented_api(demo, settings_endpoint(user_errors(plan_api), API_DEFAULTS), "plan", "plan",
+                   concurrency_id="plan", concurrency_limit=4)

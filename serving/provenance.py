@@ -5,38 +5,38 @@ made, the one training, or one picked in the history. They can differ (the input
 history run is drawn), and the line over section 1 then says in which settings. The page keeps what each section
 shows in two `gr.State`s (plain dicts, made here) and redraws both lines from them whenever either changes:
 
-- a preview: `{"settings": {...}, "inputs": [...], "failed_inputs": [...] or None, "missing": why or None}`,
-  `inputs` being the raw widget values it was drawn from (a preview of the same values is not drawn again);
+- a preview: `{"settings": {...}, "inputs": {...}, "failed_inputs": {...} or None, "missing": why or None}`,
+  `inputs` being the raw widget values it was drawn from, by name (a preview of the same values is not drawn again);
 - a run: `{"phase": ..., "settings": {...} or None, "run_id", "saved_at", "partial", "done", "of"}`.
 """
 
 from __future__ import annotations
 
-# The settings a visitor chooses, in the API's order; RunConfig holds more (learning rate, device) that the page
-# does not offer.
-SETTINGS = ("model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed", "max_length",
-            "precision", "optimizer")
+from demo_core import RunConfig
+from demo_core.settings import by_name, page_settings
+
 NONE, WAITING, TRAINING, DONE, FAILED, NOTHING = "none", "waiting", "training", "done", "failed", "nothing"
 NO_RUN = {"phase": NONE, "settings": None}
 
 
 def settings_of(config: dict) -> dict:
-    """The chosen settings of a preview's or a run's `config`."""
-    return {key: config.get(key) for key in SETTINGS}
+    """The settings a visitor chooses (those the page shows, in page order) of a preview's or a run's `config`; a run
+    saved before a setting was declared had its default."""
+    return {item.name: config.get(item.name, item.default) for item in page_settings(RunConfig)}
 
 
-def preview_shown(config: dict, inputs: list, missing: str | None = None) -> dict:
+def preview_shown(config: dict, inputs: dict, missing: str | None = None) -> dict:
     return {"settings": settings_of(config), "inputs": inputs, "failed_inputs": None, "missing": missing}
 
 
-def preview_failed(shown: dict | None, inputs: list) -> dict:
+def preview_failed(shown: dict | None, inputs: dict) -> dict:
     """The preview of `inputs` failed (its message is on screen): the picture is still the previous one, if any."""
     if shown is None:
         return {"settings": None, "inputs": None, "failed_inputs": inputs, "missing": None}
     return {**shown, "failed_inputs": inputs}
 
 
-def is_shown(shown: dict | None, inputs: list) -> bool:
+def is_shown(shown: dict | None, inputs: dict) -> bool:
     """Whether section 1 already shows (or has just failed to show) these widget values: nothing to redraw."""
     return shown is not None and inputs in (shown["inputs"], shown["failed_inputs"])
 
@@ -63,20 +63,18 @@ def run_empty() -> dict:
 
 
 def describe(settings: dict) -> str:
-    """The settings in one line: `tiny-llama · flan-like · 256 samples · padded, flatten · 20 steps …`."""
-    return " · ".join([
-        f"`{settings['model']}`", f"`{settings['dataset']}`", f"{settings['samples']} samples",
-        ", ".join(settings["collators"] or []), f"{settings['steps']} steps", f"batch {settings['batch_size']}",
-        f"max length {settings['max_length']}", f"{settings['attention']} attention", f"seed {settings['seed']}",
-        f"{settings['precision']}", f"{settings['optimizer']}"])
+    """The settings in one line, each as its declaration writes it: `tiny-llama` · `flan-like` · 256 samples · …"""
+    declared = by_name(RunConfig)
+    return " · ".join(declared[name].as_text(value) for name, value in settings.items())
 
 
 def differences(here: dict, there: dict) -> list[str]:
-    def shown(key, value):
-        return ", ".join(value) if key == "collators" else value
+    def shown(value):
+        return ", ".join(value) if isinstance(value, (list, tuple)) else value
 
-    return [f"{key.replace('_', ' ')} {shown(key, there[key])} there, {shown(key, here[key])} here"
-            for key in SETTINGS if here[key] != there[key]]
+    declared = by_name(RunConfig)
+    return [f"{declared[key].words} {shown(there[key])} there, {shown(here[key])} here"
+            for key in here if here[key] != there.get(key)]
 
 
 def _run_name(run: dict) -> str:

@@ -30,12 +30,12 @@ def test_api_exposes_compare_preview_history_and_delete_runs_only(client):
     assert not endpoints["unnamed_endpoints"]
     for name in ("/compare", "/preview"):
         parameters = endpoints["named_endpoints"][name]["parameters"]
-        # The original nine keep their order (positional calls keep working); new ones come after, with defaults.
-        assert [p["parameter_name"] for p in parameters] == [
+        # Today's twelve keep their order (positional calls keep working); new ones come after, with defaults.
+        assert [p["parameter_name"] for p in parameters][:12] == [
             "model", "dataset", "samples", "collators", "steps", "batch_size", "attention", "seed", "max_length",
             "precision", "optimizer", "dataset_file"]
         assert all(p["parameter_has_default"] for p in parameters)
-        assert parameters[-1]["python_type"]["type"] == "None | filepath"  # a file, sent with handle_file
+        assert parameters[11]["python_type"]["type"] == "None | filepath"  # a file, sent with handle_file
     assert not endpoints["named_endpoints"]["/history"]["parameters"]
     assert [p["parameter_name"] for p in endpoints["named_endpoints"]["/delete_runs"]["parameters"]] == ["run_ids"]
 
@@ -135,10 +135,10 @@ def click_stop_at_the_first_step(lab_app, request):
 def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
     request = types.SimpleNamespace(session_hash="stop-test")
     assert lab_app.request_stop(request) == "Nothing is running in this tab."
-    run = lab_app.run_page("tiny-llama", "flan-like", None, 64, ["padded", "flatten"], 200, 4, "auto", "auto",
-                           "adamw", 0, 1024, request=request, progress=click_stop_at_the_first_step(lab_app, request))
+    run = lab_app.run_page(request, click_stop_at_the_first_step(lab_app, request), samples=64, steps=200,
+                           batch_size=4)
     *_, final = run  # runs to the end: Stop makes that a few steps, not 2 x 200
-    summary, history_rows = final[1], final[-2]
+    summary, history_rows = final[lab_app.UI.views.summary], final[lab_app.UI.views.history]
     assert summary.startswith("### Stopped")
     saved = lab_app.HISTORY.entries()[-1].document
     assert saved["partial"] and saved["results"][0]["steps"] < 200 and saved["stop_reason"] == "stop"
@@ -147,15 +147,14 @@ def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
 
 def test_page_progress_counts_every_collators_steps_as_they_take_turns(lab_app):
     calls = []
-    run = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto", "adamw",
-                           0, 1024, request=types.SimpleNamespace(session_hash="progress-test"),
-                           progress=lambda fraction, desc=None: calls.append((fraction, desc)))
+    run = lab_app.run_page(types.SimpleNamespace(session_hash="progress-test"),
+                           lambda fraction, desc=None: calls.append((fraction, desc)), samples=16, steps=3, batch_size=4)
     *_, final = run
     steps_seen = [done for (done, total), desc in calls if total == 6]
     assert steps_seen == sorted(steps_seen) and max(steps_seen) == 6  # never backwards, and to the end
     assert "padded 2/3 · flatten 1/3" in [desc for _, desc in calls]  # interleaved: padded's step 2 before flatten's
-    # The anatomy's words, next to its figure (then the two shown-state records, the history and the upload box).
-    assert "Backward / forward time" in final[-5]
+    # The anatomy's words, next to its figure.
+    assert "Backward / forward time" in final[lab_app.UI.views.anatomy_text]
 
 
 def test_a_run_click_prepares_its_run_once(lab_app, monkeypatch):
@@ -169,20 +168,18 @@ def test_a_run_click_prepares_its_run_once(lab_app, monkeypatch):
     real_run = demo_core.run_comparison
     monkeypatch.setattr(demo_core, "run_comparison",
                         lambda run, **kwargs: trained.append(run) or real_run(run, **kwargs))
-    *_, final = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto",
-                                 "adamw", 0, 1024, request=types.SimpleNamespace(session_hash="prepare-once"),
-                                 progress=lambda *args, **kwargs: None)
-    assert final[1].startswith("### Done") and len(prepared) == 1 and trained == prepared
+    *_, final = lab_app.run_page(types.SimpleNamespace(session_hash="prepare-once"), lambda *args, **kwargs: None,
+                                 samples=16, steps=3, batch_size=4)
+    assert final[lab_app.UI.views.summary].startswith("### Done") and len(prepared) == 1 and trained == prepared
 
 
 def test_stop_while_the_run_is_prepared_ends_it_before_training(lab_app):
     request = types.SimpleNamespace(session_hash="stop-early")
-    run = lab_app.run_page("tiny-llama", "flan-like", None, 16, ["padded", "flatten"], 3, 4, "auto", "auto", "adamw",
-                           0, 1024, request=request, progress=lambda *args, **kwargs: None)
+    run = lab_app.run_page(request, lambda *args, **kwargs: None, samples=16, steps=3, batch_size=4)
     next(run)  # the run is prepared and its batch drawn; training has not started
     assert lab_app.request_stop(request) == "Stopping after the current step…"
     *_, final = run
-    assert final[1] == "### Stopped before the first step"
+    assert final[lab_app.UI.views.summary] == "### Stopped before the first step"
     assert lab_app.request_stop(request) == "Nothing is running in this tab."
 
 
@@ -219,15 +216,19 @@ def test_picking_a_history_row_redraws_that_run_and_puts_its_settings_back_in_th
     tiny = demo_core.RunConfig(samples=16, steps=2, batch_size=4, seed=5, optimizer="sgd",
                                collators=("padded", "naive-concat"))
     entry = lab_app.HISTORY.append(demo_core.run_comparison(tiny).to_dict())
-    (headline, *widgets, batch, lengths, cost, shown_preview, shown_run, throughput, loss, memory, table,
-     contamination, json_path, csv_path, anatomy, anatomy_text) = lab_app.show_history_run(
-        types.SimpleNamespace(row_value=[entry.run_id]), types.SimpleNamespace(session_hash="any visitor"))
-    # The page's inputs, in its order: model, dataset, the upload box (emptied), samples, collators, steps, ...
-    assert widgets == ["tiny-llama", "flan-like", None, 16, ["padded", "naive-concat"], 2, 4, "auto", "auto", "sgd",
-                       5, tiny.max_length]
-    assert batch is not None and "Before training" in cost and "naive-concat" in headline
-    assert anatomy is not None and "Backward / forward time" in anatomy_text
-    lines = provenance.lines(shown_preview, shown_run)
+    shown = lab_app.show_history_run(types.SimpleNamespace(row_value=[entry.run_id]),
+                                     types.SimpleNamespace(session_hash="any visitor"))
+    ui = lab_app.UI
+    # The page's inputs, by setting, and the upload box (emptied).
+    assert {name: shown[widget] for name, widget in ui.settings.widgets.items()} == {
+        "model": "tiny-llama", "dataset": "flan-like", "samples": 16, "collators": ["padded", "naive-concat"],
+        "steps": 2, "batch_size": 4, "attention": "auto", "precision": "auto", "optimizer": "sgd", "seed": 5,
+        "max_length": tiny.max_length}
+    assert shown[ui.upload] is None
+    assert shown[ui.views.batch_plot] is not None and "Before training" in shown[ui.views.cost]
+    assert "naive-concat" in shown[ui.views.summary]
+    assert shown[ui.views.anatomy_plot] is not None and "Backward / forward time" in shown[ui.views.anatomy_text]
+    lines = provenance.lines(shown[ui.shown_preview], shown[ui.shown_run])
     assert entry.run_id in lines[1] and "Not the settings" not in lines[0]  # both sections show that run
-    assert [row[0] for row in table] == [result["collator"] for result in entry.document["results"]]
-    assert json.loads(open(json_path).read())["results"] == entry.document["results"]
+    assert [row[0] for row in shown[ui.views.results]] == [result["collator"] for result in entry.document["results"]]
+    assert json.loads(open(shown[ui.views.json_file]).read())["results"] == entry.document["results"]

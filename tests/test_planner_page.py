@@ -10,11 +10,14 @@ from figure_checks import cut_off
 from demo_core.errors import DemoInputError
 
 GIB = 2 ** 30
-QLORA_8B = ("Llama-3.1-8B", 4, 2048, "flan-like", True, "bf16", "adamw", 16, True, True, 1, "none", 80)
+QLORA_8B = dict(model="Llama-3.1-8B", batch_size=4, seq_length=2048, dataset="flan-like", packed=True,
+                precision="bf16", optimizer="adamw", lora_rank=16, qlora=True, gradient_checkpointing=True, gpus=1,
+                shard="none", gpu_gb=80)
 
 
 def test_page_plan_draws_padded_and_packed_peaks_with_gpu_lines():
-    summary, bars, curve = planner_page.plan_page(*QLORA_8B)
+    views = planner_page.plan_page(**QLORA_8B)
+    summary, bars, curve = views.summary, views.bars, views.curve
     assert "Peak per device" in summary and "24 GB" in summary
     axes = bars.axes[0]
     # one stacked segment per category and bar; each bar's stack adds up to its plan's peak
@@ -22,8 +25,8 @@ def test_page_plan_draws_padded_and_packed_peaks_with_gpu_lines():
     for patch in axes.patches:
         x = round(patch.get_x() + patch.get_width() / 2)
         tops[x] = max(tops.get(x, 0), patch.get_y() + patch.get_height())
-    padded = planner_page.plan(planner_page._request(*QLORA_8B[:4], False, *QLORA_8B[5:]))
-    packed = planner_page.plan(planner_page._request(*QLORA_8B))
+    padded = planner_page.plan(planner_page._request(**{**QLORA_8B, "packed": False}))
+    packed = planner_page.plan(planner_page._request(**QLORA_8B))
     assert tops[0] == pytest.approx(padded.device.peak_bytes / GIB)
     assert tops[1] == pytest.approx(packed.device.peak_bytes / GIB)  # the bars are the plans' own peaks
     assert tops[1] < tops[0]  # flan-like lengths: packing drops the padding
@@ -69,7 +72,7 @@ def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyon
     probed_after_warm_up = []
     monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
     for model in planner_page.shipped_configs():  # the chips under the model box
-        summary, _, _ = planner_page.plan_page(model, **planner_page.PAGE_DEFAULTS)
+        summary = planner_page.plan_page(**{**planner_page.PAGE_DEFAULTS, "model": model}).summary
         assert "Peak per device" in summary
     assert probed_after_warm_up == []  # every probe they need was fitted ahead
 
@@ -77,7 +80,7 @@ def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyon
 @pytest.mark.parametrize("picture_px", [326, 1065])  # a phone's width, a desktop's (the figures cap at 6.5 in)
 def test_the_figures_are_drawn_for_the_width_the_page_shows_them_at(picture_px):
     # Drawn wider than shown, the browser shrinks them and their text with them (to 63% on a phone at 6.5 in).
-    _, bars, curve = planner_page.plan_page(*QLORA_8B, picture_px=picture_px)
-    for figure in (bars, curve):
+    views = planner_page.plan_page(**QLORA_8B, picture_px=picture_px)
+    for figure in (views.bars, views.curve):
         assert figure.get_size_inches()[0] * figure.dpi == pytest.approx(min(picture_px, 6.5 * figure.dpi))
         assert cut_off(figure) == []  # and every text stays inside at that width

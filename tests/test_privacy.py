@@ -77,9 +77,8 @@ def test_a_visitors_upload_is_theirs_alone_and_leaves_the_server_after_the_run(l
 
     # A redraws its run (results, downloads); B, naming A's run id, is told there is no such run.
     a_request, b_request = (types.SimpleNamespace(session_hash=client.session_hash) for client in (a, b))
-    # (summary, 3 preview views, throughput, loss, memory, table, contamination, JSON, CSV, anatomy figure and text)
-    summary, *_, json_path, csv_path, _, _ = lab_app.show_history_run(
-        types.SimpleNamespace(row_value=[mine["run_id"]]), a_request)
+    shown = lab_app.show_history_run(types.SimpleNamespace(row_value=[mine["run_id"]]), a_request)
+    summary, json_path = shown[lab_app.UI.views.summary], shown[lab_app.UI.views.json_file]
     assert mine["run_id"] in summary and folder not in Path(json_path).read_text()
     with pytest.raises(gr.Error, match="no longer in the history"):
         lab_app.show_history_run(types.SimpleNamespace(row_value=[mine["run_id"]]), b_request)
@@ -109,16 +108,15 @@ def test_the_page_empties_the_upload_box_and_a_closed_tab_takes_its_private_runs
     folder.mkdir(parents=True)
     upload = private_file(folder, "notes.jsonl")
     owner, other = types.SimpleNamespace(session_hash="tab-owner"), types.SimpleNamespace(session_hash="tab-other")
-    *_, final = lab_app.run_page("tiny-llama", "flan-like", str(upload), 16, ["padded", "flatten"], 2, 4, "auto",
-                                 "auto", "adamw", 0, 1024, request=owner)
-    status, rows, upload_box = final[0], final[-2], final[-1]
+    *_, final = lab_app.run_page(owner, upload=str(upload), samples=16, steps=2, batch_size=4)
+    ui = lab_app.UI
+    status, rows, upload_box = final[ui.bar.status], final[ui.views.history], final[ui.upload]
     assert upload_box is None and not upload.exists() and "notes.jsonl was deleted from the server" in status
     run_id = lab_app.HISTORY.entries()[-1].run_id
     assert rows[0][0] == run_id and "(private to this tab)" in json.dumps(rows[0])
     assert run_id not in json.dumps(lab_app.history_table(other))
     with pytest.raises(gr.Error, match="no longer on the server"):  # the box still showing it after an error
-        next(lab_app.show_preview("tiny-llama", "flan-like", str(upload), 16, ["padded"], 2, 4, "auto", "auto",
-                                  "adamw", 0, 1024))
+        next(lab_app.show_preview(upload=str(upload), samples=16, collators=["padded"], steps=2, batch_size=4))
     lab_app.forget_session(owner)  # Gradio's unload: the tab closed
     assert all(entry.run_id != run_id for entry in lab_app.HISTORY.entries())
 

@@ -4,7 +4,10 @@ import demo_core
 from serving import provenance
 
 RUN_CONFIG = {**demo_core.RunConfig(samples=64, collators=("padded", "flatten")).to_dict(), "resolved_attention": "x"}
-INPUTS = ["tiny-llama", "flan-like", None, 64, ["padded", "flatten"], 20, 8, "auto", "auto", "adamw", 0, 1024]
+# The page's raw widget values by setting name, and its upload box.
+INPUTS = {"model": "tiny-llama", "dataset": "flan-like", "samples": 64, "collators": ["padded", "flatten"], "steps": 20,
+          "batch_size": 8, "attention": "auto", "precision": "auto", "optimizer": "adamw", "seed": 0, "max_length": 1024,
+          "upload": None}
 
 
 def saved_run(config=RUN_CONFIG):
@@ -28,12 +31,12 @@ def test_the_same_settings_above_and_below_raise_no_flag():
 
 def test_a_failed_preview_says_the_picture_is_still_the_previous_one_and_is_not_retried():
     shown = provenance.preview_shown(RUN_CONFIG, INPUTS)
-    bad = ["gpt2", *INPUTS[1:]]
+    bad = {**INPUTS, "model": "gpt2"}
     failed = provenance.preview_failed(shown, bad)
     above, _ = provenance.lines(failed, provenance.NO_RUN)
     assert "could not be drawn" in above and "64 samples" in above
     assert provenance.is_shown(failed, bad) and provenance.is_shown(failed, INPUTS)  # a blur does not redraw either
-    assert not provenance.is_shown(failed, ["tiny-qwen2", *INPUTS[1:]])
+    assert not provenance.is_shown(failed, {**INPUTS, "model": "tiny-qwen2"})
     assert not provenance.is_shown(None, INPUTS)
     nothing_yet = provenance.preview_failed(None, bad)  # the page's first preview failed: there is no picture
     assert "no batch is shown" in provenance.lines(nothing_yet, saved_run())[0]

@@ -96,8 +96,8 @@ def page_run(lab_app, session: str, steps: int, on_progress=None, collators=("pa
     """The page's Run handler, driven like Gradio drives it; `on_progress(desc)` sees every progress report."""
     request = types.SimpleNamespace(session_hash=session)
     return request, lab_app.run_page(
-        "tiny-llama", "flan-like", None, samples, list(collators), steps, 4, "auto", "fp32", "adamw", 0, 1024,
-        request=request, progress=lambda fraction, desc="": on_progress and on_progress(desc))
+        request, lambda fraction, desc="": on_progress and on_progress(desc), samples=samples,
+        collators=list(collators), steps=steps, batch_size=4, precision="fp32")
 
 
 def test_stop_reaches_the_forked_worker_and_the_server_saves_and_lists_the_partial_run(lab_app, zerogpu):
@@ -111,7 +111,8 @@ def test_stop_reaches_the_forked_worker_and_the_server_saves_and_lists_the_parti
     request, run = page_run(lab_app, f"zerogpu-stop-{uuid.uuid4()}", 200, on_progress)
     *_, final = run
     assert seen_workers and os.getpid() not in seen_workers  # it trained in another process
-    status, headline, history_rows = final[0], final[1], final[-2]
+    ui = lab_app.UI
+    status, headline, history_rows = final[ui.bar.status], final[ui.views.summary], final[ui.views.history]
     assert headline.startswith("### Stopped") and zerogpu.kills == 0
     entry = lab_app.HISTORY.entries()[-1]
     assert entry.document["stop_reason"] == "stop" and entry.document["partial"]
@@ -122,7 +123,7 @@ def test_stop_reaches_the_forked_worker_and_the_server_saves_and_lists_the_parti
     # The reused worker (forked before this run was saved) trains the next run; its history is the server's.
     request, run = page_run(lab_app, f"zerogpu-again-{uuid.uuid4()}", 2, collators=("padded",), samples=16)
     *_, final = run
-    assert [row[0] for row in final[-2]][:2] == [lab_app.HISTORY.entries()[-1].run_id, entry.run_id]
+    assert [row[0] for row in final[ui.views.history]][:2] == [lab_app.HISTORY.entries()[-1].run_id, entry.run_id]
     assert len(zerogpu.requested_s) == 2 and zerogpu.kills == 0
 
 
@@ -143,7 +144,8 @@ def test_a_run_stops_itself_inside_its_zerogpu_duration_and_keeps_what_it_has(la
     assert entry.document["stop_reason"] == "time budget" and entry.document["partial"]
     trained_s = sum(sum(result["step_times_s"]) for result in entry.document["results"])
     assert 0 < trained_s < budget_s and sum(result["steps"] for result in entry.document["results"]) < 400
-    assert f"time budget ({budget_s:.0f} s)" in final[0] and final[-2][0][0] == entry.run_id
+    assert f"time budget ({budget_s:.0f} s)" in final[lab_app.UI.bar.status]
+    assert final[lab_app.UI.views.history][0][0] == entry.run_id
 
 
 def test_a_killed_worker_leaves_its_finished_collators_saved(lab_app, zerogpu):
@@ -167,7 +169,8 @@ def test_a_stop_while_waiting_for_the_gpu_ends_the_run_with_nothing_to_save(lab_
 
     request, run = page_run(lab_app, f"zerogpu-early-{uuid.uuid4()}", 200, on_progress)
     *_, final = run
-    assert final[0] == "Stopped before the first step: nothing to save." and not lab_app.HISTORY.entries()
+    assert final[lab_app.UI.bar.status] == "Stopped before the first step: nothing to save."
+    assert not lab_app.HISTORY.entries()
     assert len(zerogpu.requested_s) == 1 and zerogpu.kills == 0
 
 
@@ -179,13 +182,12 @@ def test_a_run_predicted_past_the_cap_is_refused_with_the_steps_that_fit(lab_app
     message = str(refused.value)
     assert "more than the 60 s a run may take here" in message and not zerogpu.requested_s
     fit = int(message.split("use at most ")[1].split(" steps")[0])
-    prepared = lab_app.prepare_inputs(None, "tiny-llama", "flan-like", 64, "padded,flatten", fit, 4, "auto", 0,
-                                      1024, "fp32", "adamw")
+    run = dict(samples=64, batch_size=4, precision="fp32")  # page_run's
+    prepared = lab_app.prepare_inputs(None, **run, steps=fit)
     job = runs.plan(prepared, lab_app.HISTORY, lab_app.LIMITS, "unused-marker", None)
     assert fit > 0 and job.gpu_duration_s <= 60  # the advice is a run the same plan accepts
     with pytest.raises(demo_core.DemoInputError):
-        runs.plan(lab_app.prepare_inputs(None, "tiny-llama", "flan-like", 64, "padded,flatten", fit + 1, 4, "auto",
-                                         0, 1024, "fp32", "adamw"), lab_app.HISTORY, lab_app.LIMITS, "unused", None)
+        runs.plan(lab_app.prepare_inputs(None, **run, steps=fit + 1), lab_app.HISTORY, lab_app.LIMITS, "unused", None)
 
 
 def test_the_time_plan_learns_from_timed_steps_only():
