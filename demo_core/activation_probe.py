@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 
 from .lora import apply_lora
 from .memory_measure import storage_key
+from .precision import PRECISIONS
 
 # Config fields the probe shrinks when present as integers; every other field keeps its real value, so it is exact
 # by construction (only slower when large).
@@ -216,7 +217,7 @@ def model_class_for(config: Any) -> type:
 
 def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> torch.nn.Module:
     small = _probe_config(config, widths)
-    dtype = torch.bfloat16 if spec.precision == "pure-bf16" else torch.float32
+    dtype = PRECISIONS[spec.precision].weight_dtype
     with torch.random.fork_rng(devices=[]):  # the probe must not move the caller's random stream
         torch.manual_seed(0)
         model = model_class_for(config).from_config(small, attn_implementation=spec.attention, dtype=dtype)
@@ -434,7 +435,7 @@ def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
 def _fit(config: Any, spec: ProbeSpec) -> ActivationFit:
     names = _width_names(config)
     _, probe_layers, layer_counts = _layer_kinds(config)
-    autocast = spec.precision in ("bf16", "fp16")
+    autocast = PRECISIONS[spec.precision].autocast
     rows_of_basis, measured = [], []
     _probe_state.kernel_heads = None
     for widths in _width_points(config, names):

@@ -14,10 +14,10 @@ from .collators import COLLATORS, collator_names
 from .data import BUILTIN_DATASETS
 from .errors import DemoInputError
 from .models import PRESETS
+from .precision import ESTIMATE_PRECISION_NAMES, PRECISION_NAMES  # noqa: F401 (ESTIMATE_*: for importers)
 from .settings import Widget, as_float, as_int, checked_values, setting  # noqa: F401 (as_float, as_int: for importers)
 
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
-PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 # Attention paths that compute each segment's causal pairs only (no score matrix over the row, no mask): what the
@@ -25,8 +25,7 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
 # Memory estimates (memory_estimate.py) and the planner (planner.py) answer for more than a run can train: resolved
 # names only ("auto" is picked before estimating), plus settings estimated but never trained here: bitsandbytes'
-# 8-bit AdamW, Adafactor, and pure bf16 (bf16 weights, gradients and optimizer state; no fp32 master copy).
-ESTIMATE_PRECISION_NAMES = tuple(name for name in PRECISION_NAMES if name != "auto") + ("pure-bf16",)
+# 8-bit AdamW, Adafactor, and pure bf16 (precision.py).
 ESTIMATE_OPTIMIZER_NAMES = OPTIMIZER_NAMES + ("adamw_8bit", "adafactor")
 ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "auto")
 

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import transformers
 
-from . import data, distributed
+from . import data, distributed, precision as precisions
 from .anatomy import PROFILED_STEP, initialize_profiler
 from .attention import capability
 from .burst import BurstSettings, ProgressFn, release_memory, run_burst
@@ -39,15 +39,6 @@ def resolve_device(requested: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
         raise DemoInputError("device 'cuda' requested but no CUDA GPU is available here")
-    return requested
-
-
-def resolve_precision(requested: str, device: str) -> str:
-    """auto: bf16 where the GPU supports it, fp32 on CPU (CPU bf16 autocast is slower than fp32)."""
-    if requested == "auto":
-        return "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if requested == "fp16" and device != "cuda":
-        raise DemoInputError("fp16 mixed precision needs a CUDA GPU; use fp32 or bf16 on CPU")
     return requested
 
 
@@ -144,7 +135,7 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     config = config.validated(limits)
     distributed.per_device_batch_size(config.batch_size)  # fails on every rank alike, before any collective
     device = resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
+    precision = precisions.resolve(config.precision, device)
     source = load_model_source(config.model)
     positions = max_positions(source.config)
     if positions is not None and config.max_length > positions:

@@ -32,14 +32,11 @@ import torch
 
 from . import activation_probe, lora
 from .attention import bucket_shapes
-from .config import (ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES,
-                     PER_SEGMENT_ATTENTION)
+from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, PER_SEGMENT_ATTENTION
+from .precision import ESTIMATE_PRECISION_NAMES, PRECISIONS
 
 _FP32_BYTES = 4
 _INT64_BYTES = 8
-_COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "pure-bf16": 2}  # activations and autocast copies
-_PARAM_BYTES = {"fp32": 4, "bf16": 4, "fp16": 4, "pure-bf16": 2}  # weights, gradients, AdamW states
-_AUTOCAST_PRECISIONS = ("bf16", "fp16")
 # QLoRA (Dettmers et al. 2023): NF4 weights (4 bits) with one absmax per 64 weights, itself quantized to 8 bits
 # with one fp32 constant per 256 absmaxes ("double quantization": 8/64 + 32/(64*256) = 0.127 bits per weight).
 QLORA_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
@@ -227,14 +224,14 @@ class Trainable:
 def trainable(config: Any, settings: TrainingSettings) -> Trainable:
     facts = param_facts(config)
     if not settings.lora_rank:
-        return Trainable(facts.params, facts.tensor_shapes, _PARAM_BYTES[settings.precision])
+        return Trainable(facts.params, facts.tensor_shapes, PRECISIONS[settings.precision].weight_bytes)
     shapes = tuple(lora_adapter_shapes(config, settings.lora_rank, settings.lora_targets))
     return Trainable(sum(math.prod(s) for s in shapes), shapes, _FP32_BYTES)
 
 
 def weight_bytes(config: Any, settings: TrainingSettings) -> int:
     facts = param_facts(config)
-    param_bytes = _PARAM_BYTES[settings.precision]
+    param_bytes = PRECISIONS[settings.precision].weight_bytes
     buffers = facts.buffer_bytes * param_bytes // _FP32_BYTES
     if not settings.lora_rank:
         return facts.params * param_bytes + buffers
@@ -243,7 +240,7 @@ def weight_bytes(config: Any, settings: TrainingSettings) -> int:
         return facts.params * param_bytes + adapters.params * adapters.bytes_per_param + buffers
     # QLoRA loads the rest of the frozen model (embeddings, norms, output layer) in the compute dtype.
     quantized = facts.quantizable_params
-    rest = (facts.params - quantized) * _COMPUTE_BYTES[settings.precision]
+    rest = (facts.params - quantized) * PRECISIONS[settings.precision].compute_bytes
     return math.ceil(quantized * QLORA_BYTES_PER_PARAM) + rest + adapters.params * adapters.bytes_per_param + buffers
 
 
@@ -273,12 +270,12 @@ def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: Trainin
     longest: gathered q, k, v, the output and its logsumexp per bucket, the concatenated real outputs; and the gather,
     keep and scatter indices once per forward (every layer reuses them). Measured with saved-tensor hooks.
     """
-    c = _COMPUTE_BYTES[settings.precision]
+    c = PRECISIONS[settings.precision].compute_bytes
     segments = step.attention_segments()
     real = sum(segments)
     (q_heads, kv_heads), d = heads, shape.head_dim
     flash = settings.attention == "flash_attention_2" or (
-        settings.device_type == "cuda" and settings.precision != "fp32")
+        settings.device_type == "cuda" and PRECISIONS[settings.precision].half_compute)
     if flash:
         output = real * q_heads * d * c if step.has_padding else 0
         per_layer = real * (q_heads + 2 * kv_heads) * d * c + real * q_heads * _FP32_BYTES + output
@@ -295,13 +292,13 @@ def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: Trainin
 def _weight_copy_bytes(config: Any, settings: TrainingSettings) -> int:
     """Autocast's half copies of the matmul weights, saved for backward (frozen ones too: the input gradient needs
     them). QLoRA's 4-bit weights are dequantized again in backward instead, so only its adapters are copied."""
-    if settings.precision not in _AUTOCAST_PRECISIONS:
+    if not PRECISIONS[settings.precision].autocast:
         return 0
     facts = param_facts(config)
     copied = facts.matmul_weight_params - (facts.quantizable_params if settings.quantized_base else 0)
     if settings.lora_rank:
         copied += trainable(config, settings).params
-    return copied * _COMPUTE_BYTES[settings.precision]
+    return copied * PRECISIONS[settings.precision].compute_bytes
 
 
 def activation_terms(config: Any, step: StepShape, settings: TrainingSettings) -> tuple[dict[str, int], int, list]:
@@ -362,7 +359,8 @@ def optimizer_state_bytes(optimizer: str, train: Trainable) -> int:
 def temporary_terms(shape: ModelShape, step: StepShape, settings: TrainingSettings, train: Trainable,
                     recomputed_layer_bytes: int) -> dict[str, int]:
     outputs = step.rows if shape.classifier else step.token_slots
-    half_logits = _COMPUTE_BYTES[settings.precision] if settings.precision != "fp32" else 0
+    precision = PRECISIONS[settings.precision]
+    half_logits = precision.compute_bytes if precision.half_compute else 0
     largest_tensor = max((math.prod(dims) for dims in train.tensor_shapes), default=0)
     foreach = settings.device_type == "cuda"
     return {
@@ -445,7 +443,7 @@ def estimate_memory_detail(config: Any, step: StepShape, settings: TrainingSetti
     }
     if settings.attention in PER_SEGMENT_ATTENTION:
         notes.append("varlen/flash kernels save a logsumexp per token, no scores: no quadratic memory term")
-    if settings.precision in _AUTOCAST_PRECISIONS:
+    if PRECISIONS[settings.precision].autocast:
         notes.append("half-precision weight copies are counted in activations (amp_weight_copies)")
     return MemoryEstimate(categories, activations, temporaries, peaks_by_moment(categories, temporaries),
                           step.token_slots, param_facts(config).params, train.params, notes)

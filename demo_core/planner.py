@@ -29,7 +29,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import data
 from .attention import model_class, resolve_attention  # the engine's own attention choice
-from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, ESTIMATE_PRECISION_NAMES
+from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES
+from .precision import ESTIMATE_PRECISION_NAMES
 from .errors import DemoInputError
 from .memory_estimate import (StepPeak, StepShape, TrainingSettings, estimate_memory_detail, live_by_moment,
                               param_facts)

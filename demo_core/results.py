@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from .collators import BASELINE, collator_spec
+from .precision import PRECISIONS
 from .timing import MIN_TIMED_STEPS, log_half_spread, robust_summary, timed_step_indices
 
 
@@ -147,7 +148,6 @@ class Result:
 # Flags a comparison entry can carry (report.FLAG_WORDS says each in words).
 ABOVE_IDEAL_TOLERANCE = 0.10  # a measured speedup this far above every ideal is more likely noise than packing
 NOISY_SPREAD = 0.25  # speedup_range wider than this share of the speedup: steps disagree
-SLOW_ON_CPU = ("bf16", "fp16")  # no fast half-precision matmuls on most CPUs: autocast adds casts and loses time
 
 
 def _speedup_and_range(result: Result, padded: Result) -> tuple[float, list[float]]:
@@ -171,7 +171,7 @@ def _flags(result: Result, padded: Result | None, entry: dict) -> list[str]:
         flags.append("noisy")
     if not collator_spec(result.collator).same_batches_as_padded:
         flags.append("other-batches")
-    if result.device == "cpu" and result.precision in SLOW_ON_CPU:
+    if result.device == "cpu" and PRECISIONS[result.precision].slow_on_cpu:
         flags.append("slow-precision")
     return flags
 

@@ -21,6 +21,7 @@ from trl import SFTConfig, SFTTrainer, pack_dataset
 
 from .collators import CollatorSpec, RecordingCollator
 from .distributed import per_device_batch_size, world_size
+from .precision import PRECISIONS
 
 if TYPE_CHECKING:
     from .burst import BurstSettings
@@ -116,8 +117,7 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
         seed=settings.seed,
         # Pre-shuffled data read in order: every collator sees the same examples in the same order.
         train_sampling_strategy=sampler,
-        bf16=settings.precision == "bf16",
-        fp16=settings.precision == "fp16",
+        **PRECISIONS[settings.precision].trainer_flags(),
         use_cpu=settings.device == "cpu",
         # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
         # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
