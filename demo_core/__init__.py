@@ -5,16 +5,12 @@ Public API (what the CLI and the app use; nothing here imports gradio):
 - `prepare(RunConfig) -> Prepared`, then `preview(prepared)` for the no-training views and
   `run_comparison(prepared) -> Comparison` (its `.to_dict()` is the JSON document); both also take a RunConfig;
 - `COLLATORS` (the collator registry), the choices for the other settings, `PRESETS`, `BUILTIN_DATASETS`;
-- `batch_picture` and `plots` (figures), `report` (tables and sentences shared by the CLI and the page),
-  `RunHistory`;
+- `RunHistory`;
 - `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads.
 
-The figure modules load on first use: training (the CLI, every DDP rank, a GPU worker) does not need matplotlib.
+The engine returns numbers; the figures, tables and sentences that show them are the `presentation` package's.
 """
 
-import importlib
-
-from . import report
 from .anatomy import initialize_profiler
 from .collators import COLLATORS, CollatorSpec
 from .config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
@@ -27,13 +23,5 @@ from .results import Comparison, Result, write_json
 
 __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
            "HistoryEntry", "Limits", "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Prepared", "Result",
-           "RunConfig", "RunHistory", "batch_picture", "data_dir", "initialize_profiler", "plots", "prepare", "preview",
-           "report", "run_comparison", "write_json"]
-
-_FIGURE_MODULES = ("batch_picture", "plots")
-
-
-def __getattr__(name: str):
-    if name in _FIGURE_MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "RunConfig", "RunHistory", "data_dir", "initialize_profiler", "prepare", "preview", "run_comparison",
+           "write_json"]

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from presentation.report import format_report, text_table  # the CLI's words, as the page's: one presentation
+
 from . import distributed
 from .attention import capability_table
 from .cli_plan import add_plan_parser, run_plan
 from .config import RunConfig
 from .engine import run_comparison
 from .errors import DemoInputError
-from .report import format_report, text_table
 from .results import write_json
 from .settings import add_arguments, from_arguments
 

@@ -54,7 +54,7 @@ class PreviewDocument(TypedDict):
 
 
 class RunSummary(TypedDict):
-    """One saved run in a line (`demo_core.report.run_summary`), with what this client may do with it."""
+    """One saved run in a line (`presentation.report.run_summary`), with what this client may do with it."""
 
     run_id: str
     saved_at: str

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import demo_core
-from demo_core import report
+from presentation import report
 
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "packing-lab-downloads"
 

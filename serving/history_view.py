@@ -7,7 +7,8 @@ another visitor's run is the same as for no run at all, so that deleting cannot 
 
 from __future__ import annotations
 
-from demo_core import DemoInputError, HistoryEntry, RunHistory, report
+from demo_core import DemoInputError, HistoryEntry, RunHistory
+from presentation import report
 
 from . import downloads
 from .sessions import Session

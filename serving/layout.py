@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from demo_core import Limits, RunConfig, report
+from demo_core import Limits, RunConfig
 from demo_core.settings import page_settings
+from presentation import report
 
 from . import provenance
 from .widgets import Form, settings_form

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from demo_core import batch_picture, plots
+from presentation import batch_picture, plots
 
 HERE = Path(__file__).parent
 CSS_PATH = HERE / "page.css"

@@ -23,7 +23,7 @@ from demo_core.errors import DemoInputError
 from demo_core.memory_measure import CATEGORIES
 from demo_core.planner import (EQUAL_LENGTHS, GIB, DeviceEstimate, Plan, PlanRequest, device_estimate,
                                largest_fit_words, plan, shipped_configs)
-from demo_core.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
+from presentation.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
 from demo_core.settings import page_settings
 
 from .api_docs import documented_api, settings_endpoint

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo_core import batch_picture as picture, plots, report
+from presentation import batch_picture as picture, plots, report
 
 from . import downloads, page
 

@@ -13,6 +13,7 @@ from gradio_client import Client
 
 import demo_core
 from demo_core.history import RunHistory
+from presentation import report
 from serving import provenance
 from serving.api_docs import PreviewDocument, RunDocument, RunSummary
 
@@ -142,7 +143,7 @@ def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
     assert summary.startswith("### Stopped")
     saved = lab_app.HISTORY.entries()[-1].document
     assert saved["partial"] and saved["results"][0]["steps"] < 200 and saved["stop_reason"] == "stop"
-    assert history_rows[0][demo_core.report.HISTORY_HEADERS.index("status")] == "stopped (partial)"
+    assert history_rows[0][report.HISTORY_HEADERS.index("status")] == "stopped (partial)"
 
 
 def test_page_progress_counts_every_collators_steps_as_they_take_turns(lab_app):

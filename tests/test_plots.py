@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import demo_core
-from demo_core import batch_picture, plots
+from presentation import batch_picture, plots
 from figure_checks import PHONE_IN, cut_off, drawn_texts
 
 # 5 steps: step 1 is warm-up and step 2 profiled, so 3 are timed, the fewest that give a speedup.

@@ -7,7 +7,7 @@ import matplotlib.colors
 import pytest
 
 import demo_core
-from demo_core import batch_picture, plots
+from presentation import batch_picture, plots
 from demo_core.cli import main
 from demo_core.collators import COLLATORS, CollatorSpec, FlattenCollator
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import demo_core
-from demo_core import batch_picture, plots, report
+from presentation import batch_picture, plots, report
 
 
 @pytest.fixture(scope="module")

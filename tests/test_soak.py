@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import demo_core
-from demo_core import plots
+from presentation import plots
 from demo_core.models import ModelSource
 
 RUN = dict(collators=("padded", "flatten"), steps=2, batch_size=8)  # batch 8 of FLAN-like lengths: a 1024-token row

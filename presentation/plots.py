@@ -18,8 +18,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .anatomy import backward_over_forward
-from .collators import BASELINE, collator_spec
+from demo_core.anatomy import backward_over_forward
+from demo_core.collators import BASELINE, collator_spec
 
 # Each collator's colour and line style come from its registry entry (the same in every figure); the line styles
 # differ so that identical curves (padded and flatten losses) stay visible on top of each other.

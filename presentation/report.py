@@ -20,8 +20,8 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
-from .anatomy import OP_CLASSES, PHASES, backward_over_forward
-from .collators import BASELINE, collator_spec
+from demo_core.anatomy import OP_CLASSES, PHASES, backward_over_forward
+from demo_core.collators import BASELINE, collator_spec
 
 
 def human_bytes(count: float) -> str:

@@ -19,8 +19,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from .collators import collator_spec
-from .config import PER_SEGMENT_ATTENTION
+from demo_core.collators import collator_spec
+from demo_core.config import PER_SEGMENT_ATTENTION
+
 from .plots import FIGURE_DPI, wrap_lines
 
 EXAMPLE_COLORS = colormaps["tab10"].colors  # one colour per example of the batch (not per collator)
