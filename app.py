@@ -10,7 +10,8 @@ serving/planner_page.py).
 What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
 and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
 time plan and saving (`runs`); so do the page's parts: its widgets (`layout`, one per declared setting: `widgets`),
-look (`page`), views (`views`) and the line that says which settings each section shows (`provenance`). Limits come from the environment
+look (`page`), views (`views`) and the line that says which settings each section shows (`provenance`). The
+figures, tables and sentences themselves are drawn by `presentation/` from the engine's numbers. Limits come from the environment
 (`demo_core.Limits.from_env()`); local model and data paths typed into the page or the API must lie under
 PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 """

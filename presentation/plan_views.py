@@ -1,0 +1,97 @@
+"""A memory plan (demo_core's planner) shown: its summary in markdown and its two figures, matplotlib `Figure` objects,
+never pyplot (a long-running server must not keep them in a registry).
+
+- `summary_markdown(plan)`: the model, the peak per device, which GPU sizes it fits, the largest batch and length;
+- `bars_figure(padded, packed, ...)`: what is alive at each layout's peak, stacked by category, GPU sizes across;
+- `scaling_figure(plan)`: the peak against the sequence length, padded and packed.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from demo_core import GIB, MEMORY_CATEGORIES as CATEGORIES, DeviceEstimate, Plan, largest_fit_words
+
+from .plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
+
+GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
+
+
+def summary_markdown(result: Plan) -> str:
+    device, request, fit_words = result.device, result.request, largest_fit_words(result.to_dict())
+    fits = " · ".join(f"{gb} GB {'✅' if ok else '❌'}" for gb, ok in result.fits.items())
+    training = (f"LoRA r={request.lora_rank}" + (" on a 4-bit base (QLoRA)" if request.qlora else "")
+                if request.lora_rank else "full fine-tune")
+    lines = [
+        f"**{request.model}**: {device.params / 1e9:.2f}B parameters, {device.trainable_params / 1e6:,.1f}M "
+        f"trained ({training}); attention `{result.attention}`.",
+        f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** at `{device.peak_moment}`. Fits: {fits}.",
+        f"{fit_words[:1].upper()}{fit_words[1:]}.",
+    ]
+    notes = "\n".join(f"- {note}" for note in result.notes)
+    return "\n\n".join(lines + ([notes] if notes else []))
+
+
+def _gpu_lines(axes) -> None:
+    """Dashed lines at the common GPU sizes that fall inside the axes, labelled on the right."""
+    for gb, color in GPU_LINE_COLORS.items():
+        if gb <= axes.get_ylim()[1]:
+            axes.axhline(gb, color=color, linestyle="--", linewidth=1)
+            axes.text(axes.get_xlim()[1], gb, f" {gb} GB", color=color, va="center", ha="left", fontsize=8)
+
+
+def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: bool,
+                width_in: float = RESULT_WIDTH_IN) -> Figure:
+    """What is alive at each estimate's peak, stacked by category, with the common GPU sizes drawn across."""
+    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    tallest = 0.0
+    for position, (label, device) in enumerate((("padded", padded), ("packed", packed))):
+        live = device.live_by_moment[device.peak_moment]
+        bottom = 0.0
+        for category in CATEGORIES:
+            value = live.get(category, 0) / GIB
+            axes.bar(position, value, bottom=bottom, color=MEMORY_CATEGORY_COLORS[category], edgecolor="white",
+                     linewidth=0.5, width=0.55)
+            bottom += value
+        chosen = (label == "packed") == chosen_packed
+        axes.text(position, bottom, f"{bottom:,.1f} GiB\nat {device.peak_moment}", ha="center",
+                  va="bottom", fontsize=8, fontweight="bold" if chosen else "normal")
+        tallest = max(tallest, bottom)
+    axes.set_xticks([0, 1], ["padded", "packed (padding-free)"])
+    axes.set_xlim(-0.6, 1.6)
+    # Room for the 24 GB line once a plan is a quarter of it; a toy model's bars would vanish under it.
+    axes.set_ylim(0, max(tallest * 1.3, 26.5 if tallest > 6 else 1.0))
+    _gpu_lines(axes)
+    axes.set_ylabel("GiB per device at the peak of a step")
+    axes.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES], fontsize=7,
+                ncols=3, loc="upper left")
+    axes.set_title(wrap_lines("Will it fit? Memory alive at the peak, per category\n(dashed: common GPU sizes)",
+                              int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
+    return figure
+
+
+def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN) -> Figure:
+    """Peak per device against the sequence length, padded and packed, at the request's batch size."""
+    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    lengths = [row["seq_length"] for row in result.scaling]
+    for key, label, style, color in (("padded_bytes", "padded", "-", "#8c8c8c"),
+                                     ("packed_bytes", "packed (padding-free)", "--", "#4e79a7")):
+        axes.plot(lengths, [row[key] / GIB for row in result.scaling], style, marker="o", markersize=3,
+                  label=label, color=color)
+    axes.set_xscale("log", base=2)
+    top = max(max(row["padded_bytes"], row["packed_bytes"]) for row in result.scaling) / GIB
+    axes.set_ylim(0, top * 1.15)
+    axes.axvline(result.request.seq_length, color="black", linewidth=0.8)
+    _gpu_lines(axes)
+    # 10-pt axis labels fit about 11 characters per inch less the y axis' margin.
+    axes.set_xlabel(wrap_lines("sequence length (tokens per example; a length profile is cut to it)",
+                               int(width_in * 11) - 10))
+    axes.set_ylabel("GiB per device at the peak")
+    axes.legend(fontsize=7, loc="upper left")
+    profile = result.request.dataset or "equal lengths"
+    axes.set_title(wrap_lines(f"Memory against sequence length (batch size {result.request.batch_size}, {profile})\n"
+                              f"vertical line: the length asked", int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
+    return figure
