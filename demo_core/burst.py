@@ -10,7 +10,6 @@ at every step end.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import gc
 import tempfile
@@ -28,23 +27,10 @@ from .distributed import merge_ranks
 from .models import ModelSource
 from .results import Result
 from .timing import Turns, TurnTaking
-from .trainers import TrainingRows, build_trainer, make_optimizer
+from .trainers import BurstSettings, TrainingRows, build_trainer, make_optimizer
 from .work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
-
-
-@dataclasses.dataclass(frozen=True)
-class BurstSettings:
-    steps: int
-    batch_size: int
-    max_length: int
-    learning_rate: float
-    optimizer: str  # "adamw" | "sgd"
-    precision: str  # "fp32" | "bf16" | "fp16"
-    device: str  # "cpu" | "cuda"
-    seed: int
-    gradient_checkpointing: bool = False
 
 
 def _synchronize(device: str) -> None:

@@ -11,8 +11,8 @@ recording collator it feeds, so the burst records every batch the same way which
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -23,15 +23,28 @@ from .collators import CollatorSpec, RecordingCollator
 from .distributed import per_device_batch_size, world_size
 from .precision import PRECISIONS
 
-if TYPE_CHECKING:
-    from .burst import BurstSettings
-
 datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
 # transformers 5.24 renamed TrainingArguments' `gradient_checkpointing` to `activation_checkpointing` (the old name
 # warns); 5.17, which the GPU machine has, knows only the old one.
 CHECKPOINTING_ARGUMENT = ("activation_checkpointing"
                           if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
                           else "gradient_checkpointing")
+
+
+@dataclasses.dataclass(frozen=True)
+class BurstSettings:
+    """How every burst of a run trains (engine.Prepared.burst_settings); here, where it becomes the Trainer's
+    arguments, so that burst.py (which runs the trainer) and this module import in one direction only."""
+
+    steps: int
+    batch_size: int
+    max_length: int
+    learning_rate: float
+    optimizer: str  # "adamw" | "sgd"
+    precision: str  # a trained name of precision.PRECISIONS: "fp32" | "bf16" | "fp16"
+    device: str  # "cpu" | "cuda"
+    seed: int
+    gradient_checkpointing: bool = False
 
 
 class RecordingTrainer(Trainer):
