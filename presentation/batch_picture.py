@@ -339,15 +339,10 @@ def _row_axes(figure: Figure, cell, layout: BatchLayout, **options):
     return figure.add_subplot(_inset(cell, layout.rows_left, layout.rows_right), **options)
 
 
-def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
-    """The first batch under each selected collator (top) and the attention masks (bottom), from `preview()`, laid
-    out `width_in` inches wide (narrow: titles wrapped, masks two by two).
-
-    The padded grid and the flattened row are always drawn, since the picture exists to contrast them; they use
-    the engine's batches when those collators are selected.
-    """
-    layout = BatchLayout(min(max(width_in, BATCH_MIN_IN), BATCH_MAX_IN))
-    batches, config = preview["batches"], preview["config"]
+def _shown_batches(preview: dict) -> tuple[list[int], dict, dict, str | None]:
+    """(the first batch's lengths, its padded grid, its flattened row, the packed-rows collator or None). The padded
+    grid and the flattened row are always drawn, from the engine's batches when those collators are selected."""
+    batches = preview["batches"]
     specs = {name: collator_spec(name) for name in batches}
     # Every collator but the packed-rows ones batches the same first examples; those regroup the whole dataset.
     unpacked = [name for name, spec in specs.items() if not spec.packed_rows]
@@ -355,6 +350,13 @@ def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
     padded = next((batches[name] for name in unpacked if specs[name].layout == "padded"), _padded_view(lengths))
     flat = next((batches[name] for name in unpacked if specs[name].layout == "packed"), _flat_view(lengths))
     packed_rows = next((name for name, spec in specs.items() if spec.packed_rows), None)
+    return lengths, padded, flat, packed_rows
+
+
+def _texts(preview: dict, layout: BatchLayout, lengths: list[int], padded: dict, flat: dict,
+           packed_rows: str | None) -> tuple[dict, list, list]:
+    """(the titles by panel, the mask panels with their titles and users, the legend's handles), wrapped to fit."""
+    batches, config = preview["batches"], preview["config"]
     wrap = functools.partial(wrap_lines, width=layout.wrap)
     titles = {
         "figure": wrap(f"The first batch ({len(lengths)} examples) as each collator builds it, and the attention each "
@@ -373,25 +375,45 @@ def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
         Patch(color=PAD_COLOR, label="padding / masked: computed, then wasted"),
         Patch(color=LEAK_COLOR, label="attention leaking across examples"),
         Line2D([], [], color=LABEL_MASK_COLOR, marker="^", linestyle="none", label="label -100: not trained on")]
+    return titles, masks, legend
 
-    # Top to bottom, in inches: each panel with the room its title (above) and axis labels (below) need. The layout
-    # is computed here rather than solved by constrained layout, which measures every text twice and doubled the
-    # time to the first picture.
+
+def _rows(layout: BatchLayout, titles: dict, lengths: list[int], packed_row_count: int | None, groups: list,
+          mask_in: float, legend: list) -> list[tuple[str, float]]:
+    """Top to bottom, in inches: each panel with the room its title (above) and axis labels (below) need. The layout
+    is computed here rather than solved by constrained layout, which measures every text twice and doubled the
+    time to the first picture."""
     rows = [("space", _height_in(titles["figure"], FIGURE_TITLE_PT) + 0.3),
             ("space", _height_in(titles["padded"], TITLE_PT) + 0.1),
             ("padded", min(len(lengths), MAX_GRID_ROWS) * 0.28 + 0.3), ("space", 0.55),
             ("space", _height_in(titles["flat"], TITLE_PT) + 0.1), ("flat", 0.95),
             ("space", _height_in(titles["positions"], LABEL_PT) + 0.2), ("positions", 0.8), ("space", 0.55)]
-    if packed_rows is not None:
+    if packed_row_count is not None:
         rows += [("space", _height_in(titles["packed_rows"], TITLE_PT) + 0.1),
-                 ("packed_rows", len(batches[packed_rows]["row_lengths"]) * 0.28 + 0.3), ("space", 0.55)]
-    mask_in = min(3.4, layout.width_in * 0.88 / layout.mask_columns - 0.75)
-    groups = [masks[i:i + layout.mask_columns] for i in range(0, len(masks), layout.mask_columns)]
+                 ("packed_rows", packed_row_count * 0.28 + 0.3), ("space", 0.55)]
     for index, group in enumerate(groups):
         rows += [("space", max(_height_in(title, LABEL_PT) for _, title, _, _ in group) + 0.25),
                  (f"masks {index}", mask_in),
                  ("space", 1.0 + max(_height_in(text, LABEL_PT) for *_, text in group))]
     rows.append(("space", -(-len(legend) // layout.legend_columns) * _height_in("", LABEL_PT) * 1.2 + 0.2))
+    return rows
+
+
+def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
+    """The first batch under each selected collator (top) and the attention masks (bottom), from `preview()`, laid
+    out `width_in` inches wide (narrow: titles wrapped, masks two by two).
+
+    The padded grid and the flattened row are always drawn, since the picture exists to contrast them; they use
+    the engine's batches when those collators are selected.
+    """
+    layout = BatchLayout(min(max(width_in, BATCH_MIN_IN), BATCH_MAX_IN))
+    batches, config = preview["batches"], preview["config"]
+    lengths, padded, flat, packed_rows = _shown_batches(preview)
+    titles, masks, legend = _texts(preview, layout, lengths, padded, flat, packed_rows)
+    mask_in = min(3.4, layout.width_in * 0.88 / layout.mask_columns - 0.75)
+    groups = [masks[i:i + layout.mask_columns] for i in range(0, len(masks), layout.mask_columns)]
+    rows = _rows(layout, titles, lengths, None if packed_rows is None else len(batches[packed_rows]["row_lengths"]),
+                 groups, mask_in, legend)
     heights = [height for _, height in rows]
     figure = Figure(figsize=(layout.width_in, sum(heights)), dpi=layout.dpi)
     grid = figure.add_gridspec(len(rows), 1, height_ratios=heights, hspace=0, left=0, right=1, top=1, bottom=0)
