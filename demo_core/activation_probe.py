@@ -49,10 +49,10 @@ _WIDTH_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_in
 # Fields named like widths that are not (a sliding window equal to the hidden size stays a window).
 _NOT_WIDTHS = ("hidden_size", "vocab_size", "sliding_window", "max_position_embeddings", "max_window_layers")
 _VOCAB_POINTS = (64, 96)  # probe vocabulary sizes: base and bumped
-_WIDTH_POINTS = (24, 36)
+_WIDTH_POINTS = (24, 40)  # multiples of 8: a bf16 row of them is 16-byte aligned, as grouped GEMMs (MoE) require
 _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (explicit head_dim)
-# Token shapes. Odd sizes keep every token-sized dimension away from the widths above, so a saved activation never
-# has the shape of a weight (see `_is_weight_copy`).
+# Token shapes: odd sizes, away from the widths above (a weight copy is told apart by its values, see
+# `_is_weight_copy`, so a token tensor of a weight's shape is counted all the same).
 _ROWS_POINTS = (2, 3)
 _SEQ_POINTS = (7, 11, 13)
 _PACKED_POINTS = (17, 23, 29)

@@ -13,7 +13,8 @@ The categories follow the Hugging Face "model training anatomy" page, plus the C
                  a chunked head's tiles and fp32 accumulators), the optimizer's scratch at the step (foreach: a copy
                  of every state; single-tensor: of the largest; fused: none), or (gradient checkpointing) one
                  layer recomputed during backward
-    context      CUDA context + library workspaces: measured, passed in as `context_bytes`; 0 on CPU
+    context      CUDA context + library workspaces: measured, passed in as `context_bytes`; 0 on CPU (the planner
+                 adds the context, the allocator's reserve and NCCL around the live tensors: memory_reserve.py)
 
 Two choices to know about:
 - Mixed precision (`precision="bf16"|"fp16"`) is `Trainer(bf16=True)`: autocast in the forward, over fp32
@@ -599,8 +600,8 @@ def seed_example_estimate(context_bytes: int | None = None) -> dict[str, Any]:
     cuBLAS/cuDNN workspaces, and the run had already done earlier steps, so nvidia-smi shows the pool's high-water
     mark rather than one step's peak. See docs/MEMORY.md.
     """
-    settings = TrainingSettings(
-        precision="fp32", optimizer="adamw", attention="eager", device_type="cuda",
+    settings = TrainingSettings(  # that Trainer's AdamW was transformers' own, a loop over the parameters
+        precision="fp32", optimizer="adamw", attention="eager", device_type="cuda", optimizer_impl="single-tensor",
         context_bytes=context_bytes if context_bytes is not None else SEED_CONTEXT_MB_REPORTED * 2**20)
     est = estimate_memory_detail(bert_large_config(), StepShape(4, 512), settings)
     measured_bytes = SEED_MEASURED_MB * 2**20

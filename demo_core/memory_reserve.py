@@ -13,9 +13,11 @@ memory runs out of what the process holds, which is more:
                    - larger requests get a segment of their own, rounded up to 2 MiB;
                    - blocks of different segments never merge, so memory freed in one phase of a step (the
                      activations, in backward) serves the next phase's requests only where they fit.
-                 reserved = live tensors at the peak + the segments' rounding for exactly those blocks + cuBLAS /
-                 cuBLASLt workspaces (allocated through the same allocator, no tensor of the model) + the cache's
-                 slack (freed blocks that later requests could not use), measured: see PUBLISHED_RESERVE_GAPS.
+                 reserved = live tensors at the peak + the segments' rounding of the tensors a step keeps
+                 (weights, gradients, optimizer states: their sizes are exact) + cuBLAS / cuBLASLt workspaces
+                 (allocated through the same allocator, no tensor of the model) + the cache's slack: freed blocks
+                 later requests could not use and the rounding of what a step allocates and frees, as published
+                 runs measured it (PUBLISHED_RESERVE_GAPS, GMLAKE_AVERAGE_FRAGMENTATION, PUBLISHED_SHARDED_SLACK).
     device used  what nvidia-smi reports for the process: reserved + the CUDA context (driver, loaded kernels) +
                  NCCL's buffers when several GPUs communicate (NCCL allocates them outside PyTorch's allocator).
 
