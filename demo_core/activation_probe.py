@@ -24,6 +24,7 @@ it (frozen base, base(x) + B(A(x)) * scale), so autograd itself leaves out what 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -33,8 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (AttentionInterface, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+                          AutoModelForSequenceClassification, AutoModelForTokenClassification)
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+from transformers.models.auto import modeling_auto
 
 from .lora import apply_lora
 from .memory_measure import storage_key
@@ -47,15 +50,34 @@ _WIDTH_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_in
 # Fields named like widths that are not (a sliding window equal to the hidden size stays a window).
 _NOT_WIDTHS = ("hidden_size", "vocab_size", "sliding_window", "max_position_embeddings", "max_window_layers")
 _VOCAB_POINTS = (64, 96)  # probe vocabulary sizes: base and bumped
-_WIDTH_POINTS = (24, 36)
+_WIDTH_POINTS = (24, 40)  # multiples of 8: a bf16 row of them is 16-byte aligned, as grouped GEMMs (MoE) require
 _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (explicit head_dim)
-# Token shapes. Odd sizes keep every token-sized dimension away from the widths above, so a saved activation never
-# has the shape of a weight (see `_is_weight_copy`).
+# Token shapes: odd sizes, away from the widths above (a weight copy is told apart by its values, see
+# `_is_weight_copy`, so a token tensor of a weight's shape is counted all the same).
 _ROWS_POINTS = (2, 3)
 _SEQ_POINTS = (7, 11, 13)
 _PACKED_POINTS = (17, 23, 29)
+# A second set for a re-probe, and the held-out shape every fit must predict (rows, seq; packed: 1, T) before use.
+_REPROBE_ROWS_POINTS = (2, 5)
+_REPROBE_SEQ_POINTS = (9, 15, 19)
+_REPROBE_PACKED_POINTS = (19, 31, 41)
+_HELD_OUT = {"rows": (4, 17), "single_row": (1, 21), "packed": (1, 37)}
+# A fit that misses the held-out forward by more than this is not bilinear for the architecture (float sums of
+# exact byte counts agree to ~1e-9; a real misfit is whole tensors).
+_HELD_OUT_TOLERANCE = 1e-6
 
 ATTENTION_KERNEL_EXCLUDED = "packing_lab_probe_kernel"  # attention whose kernel the formulas count instead
+# CUDA autocast runs these in float32, whatever their inputs ("CUDA Ops that can autocast to float32", PyTorch's
+# Automatic Mixed Precision docs); CPU autocast runs most of them in the inputs' dtype. A LayerNorm or an eager
+# softmax under CUDA autocast saves fp32 tensors a CPU run saves in bf16: the probe applies CUDA's list itself.
+_CUDA_AUTOCAST_FP32_OPS = frozenset((
+    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits", "cosh",
+    "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cumprod", "cumsum", "dist", "erfinv",
+    "exp", "expm1", "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log", "log_softmax",
+    "log10", "log1p", "log2", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss",
+    "nll_loss", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod", "reciprocal", "rsqrt", "sinh",
+    "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "sum", "renorm", "tan",
+    "triplet_margin_loss"))
 _probe_state = threading.local()
 
 
@@ -71,6 +93,24 @@ def _kernel_stand_in(module, query, key, value, attention_mask, scaling=None, **
         return out.transpose(1, 2).clone(memory_format=torch.contiguous_format), None
     finally:
         _probe_state.in_kernel = False
+
+
+class _CudaAutocastFloat32Ops(torch.overrides.TorchFunctionMode):
+    """Inside CPU autocast, runs CUDA autocast's float32 ops in float32 (their half inputs upcast, as CUDA does)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _CUDA_AUTOCAST_FP32_OPS and torch.is_autocast_enabled("cpu"):
+            def upcast(value):
+                if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
+                    return value.float()
+                return value
+
+            args = tuple(upcast(value) for value in args)
+            kwargs = {name: upcast(value) for name, value in kwargs.items()}
+            with torch.autocast("cpu", enabled=False):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 AttentionInterface.register(ATTENTION_KERNEL_EXCLUDED, _kernel_stand_in)
@@ -89,6 +129,9 @@ class ProbeSpec:
     lora_rank: int = 0  # 0: every parameter trains
     lora_targets: tuple[str, ...] = ("all-linear",)
     fused_lm_head: bool = False  # TRL SFTTrainer's loss: log-probs from the LM head in chunks, no full logits
+    half_weights: bool = False  # bf16/fp16 autocast over weights loaded in the half dtype (not fp32 masters)
+    adapter_dtype: str = "fp32"  # LoRA adapters: "fp32" (peft's autocast_adapter_dtype) or "base" (the weights')
+    cuda_autocast: bool = False  # autocast as CUDA runs it: its float32 ops (layer_norm, softmax, ...) upcast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +145,12 @@ class ActivationFit:
     spec: ProbeSpec
     residual_bytes: float  # largest misfit over the probe points: 0 when the architecture is bilinear
     kernel_heads: tuple[int, int] | None  # (query heads, key/value heads) the excluded kernel received
+    held_out_misfit_bytes: float  # largest miss on a forward the fit never saw (the reliability check)
+    reference: "ProbeReference"  # that forward's shape and bytes: the physical bound of every term
+
+    @property
+    def reliable(self) -> bool:
+        return self.held_out_misfit_bytes <= _HELD_OUT_TOLERANCE * max(self.reference.largest_bytes, 1.0) + 8
 
     def evaluate(self, config: Any, rows: int, seq_len: int) -> tuple[dict[str, int], dict[str, int]]:
         """(linear part, quadratic part) per target for `rows` x `seq_len` tokens of the real-width model."""
@@ -112,6 +161,29 @@ class ActivationFit:
         quadratic = contributions[self.quadratic_columns].sum(axis=0)
         return ({t: int(round(v)) for t, v in zip(self.targets, linear)},
                 {t: int(round(v)) for t, v in zip(self.targets, quadratic)})
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeReference:
+    """The held-out forward of a fit: its token monomials, widths and measured bytes per target.
+
+    Every saved tensor holds (a token monomial) x (a width or 1) bytes, a count that is never negative, so at any
+    size a target's bytes are at most its bytes here times the largest growth of a monomial times the largest
+    growth of a width (`bound`): a fitted value beyond that, or below zero, is a fit gone wrong, not memory.
+    """
+
+    monomials: tuple[float, ...]
+    widths: tuple[int, ...]
+    bytes_by_target: dict[str, float]
+
+    @property
+    def largest_bytes(self) -> float:
+        return max(self.bytes_by_target.values(), default=0.0)
+
+    def bound(self, target: str, monomials: list[float], widths: list[int]) -> float:
+        token_growth = max(real / ref for real, ref in zip(monomials, self.monomials))
+        width_growth = max([1.0] + [real / ref for real, ref in zip(widths, self.widths)])
+        return self.bytes_by_target.get(target, 0.0) * max(token_growth, 1.0) * width_growth
 
 
 # ---- widths -----------------------------------------------------------------------------------------------------
@@ -208,16 +280,55 @@ def _probe_config(config: Any, widths: dict[str, int]) -> Any:
     return small
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelHead:
+    """What sits on the model's last hidden state, as the config's `architectures` names it."""
+
+    kind: str  # causal-lm | masked-lm | sequence-classification | token-classification | question-answering
+    auto_class: type
+    per_token: bool  # one output row per token (language models, token classification, spans) or per sequence
+
+    def output_width(self, config: Any) -> int:
+        if self.kind in ("causal-lm", "masked-lm"):
+            return int(config.vocab_size)
+        if self.kind == "question-answering":
+            return 2  # start and end logits
+        return int(getattr(config, "num_labels", 2))
+
+
+# transformers' own Auto-class mappings decide which head an architecture name is (BertForSequenceClassification
+# is a classifier with num_labels outputs, BertForMaskedLM a vocabulary head, LlamaForCausalLM a causal LM).
+_HEADS = (
+    (ModelHead("causal-lm", AutoModelForCausalLM, True), modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+    (ModelHead("masked-lm", AutoModelForMaskedLM, True), modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+    (ModelHead("sequence-classification", AutoModelForSequenceClassification, False),
+     modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
+    (ModelHead("token-classification", AutoModelForTokenClassification, True),
+     modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES),
+    (ModelHead("question-answering", AutoModelForQuestionAnswering, True),
+     modeling_auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES),
+)
+
+
+def model_head(config: Any) -> ModelHead:
+    """The head the config's `architectures` names; a causal LM when it names none this planner trains (presets,
+    bare configs, base `...Model` checkpoints)."""
+    for name in getattr(config, "architectures", None) or []:
+        for head, mapping in _HEADS:
+            if name in mapping.values():
+                return head
+    return _HEADS[0][0]
+
+
 def model_class_for(config: Any) -> type:
-    """Sequence classification when the config's architectures say so (the anatomy page's BERT), else causal LM."""
-    if any(name.endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or []):
-        return AutoModelForSequenceClassification
-    return AutoModelForCausalLM
+    """The Auto class that builds the model with the head the config's architectures name."""
+    return model_head(config).auto_class
 
 
 def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> torch.nn.Module:
     small = _probe_config(config, widths)
-    dtype = PRECISIONS[spec.precision].weight_dtype
+    # a half base (LoRA over weights loaded in bf16/fp16) stores 2 bytes a weight like pure bf16
+    dtype = torch.bfloat16 if spec.half_weights else PRECISIONS[spec.precision].weight_dtype
     with torch.random.fork_rng(devices=[]):  # the probe must not move the caller's random stream
         torch.manual_seed(0)
         model = model_class_for(config).from_config(small, attn_implementation=spec.attention, dtype=dtype)
@@ -227,7 +338,7 @@ def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> 
 
         add_fused_lm_head(model)
     if spec.lora_rank:
-        apply_lora(model, spec.lora_rank, spec.lora_targets)
+        apply_lora(model, spec.lora_rank, spec.lora_targets, dtype if spec.adapter_dtype == "base" else torch.float32)
     if spec.checkpointing:
         model.activation_checkpointing_enable()  # Trainer's default: non-reentrant; the layer inputs are saved
     return model
@@ -270,7 +381,8 @@ def _dropout_scales(config: Any) -> set[float]:
 class _SaveRecorder:
     """Saved-tensor hooks + module hooks: bytes per (where, part) for one forward of a probe model."""
 
-    def __init__(self, model: torch.nn.Module, config: Any, layer_count: int):
+    def __init__(self, model: torch.nn.Module, config: Any, layer_count: int, cuda_autocast: bool = False):
+        self.cuda_autocast = cuda_autocast
         self.stack: list[torch.nn.Module] = []
         self.layer: int | None = None
         self.after_layers = False
@@ -284,8 +396,11 @@ class _SaveRecorder:
             module.register_forward_pre_hook(self._enter_module)
             module.register_forward_hook(self._leave_module)
         self.param_keys = {storage_key(p)[:2] for p in model.parameters()}
-        self.weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
-        self.weight_shapes |= {shape[::-1] for shape in self.weight_shapes}
+        self.weights_by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for p in model.parameters():
+            if p.dim() == 2:
+                self.weights_by_shape.setdefault(tuple(p.shape), []).append(p.detach())
+                self.weights_by_shape.setdefault(tuple(p.shape)[::-1], []).append(p.detach().t())
 
     def _enter_module(self, module: torch.nn.Module, *_: Any) -> None:
         self.stack.append(module)
@@ -300,8 +415,13 @@ class _SaveRecorder:
         self.layer, self.after_layers = None, True
 
     def _is_weight_copy(self, t: torch.Tensor) -> bool:
-        # Autocast's half copy of a weight: 2-D, weight-shaped, not fp32. Token dimensions never match a width.
-        return t.dim() == 2 and t.dtype != torch.float32 and tuple(t.shape) in self.weight_shapes
+        """Autocast's half copy of a weight (the formulas count those): a 2-D half tensor holding a weight's values.
+        By value, not by shape: a token tensor can take a weight's shape (TRL's fused head saves the hidden states
+        of B x (S-1) tokens as one 2-D tensor, 2 x 12 = 24 rows like a 24-wide layer), and counting it as a copy
+        made the fit miss whole tensors."""
+        if t.dim() != 2 or t.dtype == torch.float32:
+            return False
+        return any(torch.equal(t, weight.to(t.dtype)) for weight in self.weights_by_shape.get(tuple(t.shape), ()))
 
     def _is_dropout_mask(self, t: torch.Tensor) -> bool:
         if not self.dropout_scales or t.requires_grad or not t.is_floating_point():
@@ -317,7 +437,7 @@ class _SaveRecorder:
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             key = storage_key(t)
-            if key[:2] in self.param_keys or key in kernel_keys or self._is_weight_copy(t):
+            if key[:2] in self.param_keys or key in kernel_keys or (autocast and self._is_weight_copy(t)):
                 return t
             if getattr(_probe_state, "in_kernel", False):
                 kernel_keys.add(key)
@@ -332,7 +452,8 @@ class _SaveRecorder:
             return t
 
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+        policy = _CudaAutocastFloat32Ops() if autocast and self.cuda_autocast else contextlib.nullcontext()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx, policy:
             model(**batch)
         totals: dict[tuple, int] = {}
         for nbytes, place, places in seen.values():
@@ -360,10 +481,17 @@ def _batch(config: Any, spec: ProbeSpec, rows: int, seq_len: int, vocab: int) ->
         mask = (torch.arange(seq_len)[None] < lengths[:, None]).long()
         batch["attention_mask"] = mask
         labels = labels.masked_fill(mask == 0, -100)
-    if model_class_for(config) is AutoModelForSequenceClassification:
-        labels = torch.randint(0, int(getattr(config, "num_labels", 2)), (rows,), generator=generator)
-    else:
+    head = model_head(config)
+    if head.kind == "causal-lm":
         batch["use_cache"] = False
+    elif head.kind == "sequence-classification":
+        labels = torch.randint(0, head.output_width(config), (rows,), generator=generator)
+    elif head.kind == "token-classification":
+        labels = torch.randint(0, head.output_width(config), (rows, seq_len), generator=generator)
+    elif head.kind == "question-answering":
+        batch["start_positions"] = torch.randint(0, seq_len, (rows,), generator=generator)
+        batch["end_positions"] = torch.randint(0, seq_len, (rows,), generator=generator)
+        return batch
     if spec.fused_lm_head:
         batch["fused_lm_head"] = True
     batch["labels"] = labels
@@ -385,11 +513,15 @@ def _basis(monomials: list[tuple[float, bool]], widths: list[int]) -> np.ndarray
     return np.array([m * w for m, _ in monomials for w in [1, *widths]], dtype=float)
 
 
-def _token_points(spec: ProbeSpec) -> list[tuple[int, int]]:
+def _token_points(spec: ProbeSpec, reprobe: bool = False) -> list[tuple[int, int]]:
     if spec.layout == "packed":
-        return [(1, t) for t in _PACKED_POINTS]
-    rows = (1,) if spec.single_row else _ROWS_POINTS
-    return [(r, s) for r in rows for s in _SEQ_POINTS]
+        return [(1, t) for t in (_REPROBE_PACKED_POINTS if reprobe else _PACKED_POINTS)]
+    rows = (1,) if spec.single_row else (_REPROBE_ROWS_POINTS if reprobe else _ROWS_POINTS)
+    return [(r, s) for r in rows for s in (_REPROBE_SEQ_POINTS if reprobe else _SEQ_POINTS)]
+
+
+def _held_out_point(spec: ProbeSpec) -> tuple[int, int]:
+    return _HELD_OUT["packed" if spec.layout == "packed" else "single_row" if spec.single_row else "rows"]
 
 
 def _targets_of(totals: dict[tuple, int], layer_counts: list[int]) -> dict[str, float]:
@@ -433,27 +565,47 @@ def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
 
 
 def _fit(config: Any, spec: ProbeSpec) -> ActivationFit:
+    """Fit over the probe points, then predict a forward the fit never saw (larger tokens, every width bumped). A miss
+    there means the bytes are not bilinear at these points: the fit is re-probed once over other token shapes, and
+    kept with its miss (`reliable` False) if that misses too; the planner refuses an unreliable fit."""
+    fit = _fit_over(config, spec, reprobe=False)
+    if not fit.reliable:
+        second = _fit_over(config, spec, reprobe=True)
+        fit = second if second.held_out_misfit_bytes < fit.held_out_misfit_bytes else fit
+    return fit
+
+
+def _fit_over(config: Any, spec: ProbeSpec, reprobe: bool) -> ActivationFit:
     names = _width_names(config)
     _, probe_layers, layer_counts = _layer_kinds(config)
     autocast = PRECISIONS[spec.precision].autocast
     rows_of_basis, measured = [], []
     _probe_state.kernel_heads = None
-    for widths in _width_points(config, names):
+    for widths in _width_points(config, names):  # the last point bumps every width: the held-out forward's model
         model = _build_probe_model(config, widths, spec)
-        recorder = _SaveRecorder(model, config, len(probe_layers))
-        for rows, seq_len in _token_points(spec):
+        recorder = _SaveRecorder(model, config, len(probe_layers), spec.cuda_autocast)
+        for rows, seq_len in _token_points(spec, reprobe):
             batch = _batch(config, spec, rows, seq_len, widths["vocab_size"])
             measured.append(_targets_of(recorder.run(model, batch, autocast), layer_counts))
             rows_of_basis.append(_basis(_token_monomials(spec, rows, seq_len), [widths[n] for n in names]))
-    targets = tuple(sorted({t for m in measured for t in m}))
+    rows, seq_len = _held_out_point(spec)
+    held_out = _targets_of(recorder.run(model, _batch(config, spec, rows, seq_len, widths["vocab_size"]), autocast),
+                           layer_counts)
+    held_out_widths = [widths[n] for n in names]
+    targets = tuple(sorted({t for m in measured + [held_out] for t in m}))
     design = np.array(rows_of_basis)
     values = np.array([[m.get(t, 0.0) for t in targets] for m in measured])
     scale = np.abs(design).max(axis=0)
     scale[scale == 0] = 1.0
     coefficients = np.linalg.lstsq(design / scale, values, rcond=None)[0] / scale[:, None]
     residual = float(np.abs(design @ coefficients - values).max()) if values.size else 0.0
+    monomials = _token_monomials(spec, rows, seq_len)
+    predicted = _basis(monomials, held_out_widths) @ coefficients
+    misfit = max((abs(p - held_out.get(t, 0.0)) for t, p in zip(targets, predicted)), default=0.0)
+    reference = ProbeReference(tuple(float(m) for m, _ in monomials), tuple(held_out_widths), held_out)
     quadratic = np.array([q for _, q in _token_monomials(spec, 2, 2) for _ in range(len(names) + 1)])
-    return ActivationFit(targets, coefficients, quadratic, names, spec, residual, _probe_state.kernel_heads)
+    return ActivationFit(targets, coefficients, quadratic, names, spec, residual, _probe_state.kernel_heads,
+                         misfit, reference)
 
 
 @dataclasses.dataclass
@@ -464,6 +616,7 @@ class ProbedActivations:
     largest_layer_bytes: int  # one decoder layer's saved bytes (what checkpointing recomputes at a time)
     kernel_heads: tuple[int, int] | None  # (query, key/value) heads of the attention kernel left to the formulas
     notes: list[str]
+    reliable: bool = True  # False: the fit missed its held-out forward, or a term left its physical bounds
 
 
 def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
@@ -472,24 +625,39 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
 
     Layer parts come out as `layers.norms`, `layers.attention`, `layers.mlp`, `layers.layer_other`; what grows with
     the square of the tokens (masks, eager scores) is split off into `attention_scores_or_mask`. CPU dropout masks
-    are float (4 bytes per element); pass 1 for CUDA's bool masks.
+    are float (4 bytes per element); pass 1 for CUDA's bool masks. Every fitted target is checked against its
+    physical range (`ProbeReference.bound`): none may be negative or beyond the bound.
     """
     fit = activation_fit(config, spec)
     linear, quadratic = fit.evaluate(config, rows, seq_len)
+    monomials = [m for m, _ in _token_monomials(spec, rows, seq_len)]
+    widths = [_real_width(config, name) for name in fit.width_names]
     terms: dict[str, int] = {}
     largest_layer = 0
+    out_of_bounds = []
     for target in fit.targets:
+        bound = fit.reference.bound(target, monomials, widths)
+        noise = 8 + _HELD_OUT_TOLERANCE * bound  # float sums of exact counts, extrapolated: zero is zero
+        for part in (linear, quadratic):
+            if abs(part[target]) <= noise:
+                part[target] = 0
+        value = linear[target] + quadratic[target]
+        if value < 0 or value > bound + noise:
+            out_of_bounds.append(f"{target} {value / 2**30:,.3f} GiB (physical range 0 to {bound / 2**30:,.3f})")
         if target.startswith("one_layer."):
-            largest_layer = max(largest_layer, linear[target] + quadratic[target])
+            largest_layer = max(largest_layer, value)
             continue
         if target.endswith("dropout_masks"):  # masks of hidden states and of attention probabilities alike
-            masks = (linear[target] + quadratic[target]) * dropout_mask_bytes_per_element // 4
+            masks = value * dropout_mask_bytes_per_element // 4
             terms["dropout_masks"] = terms.get("dropout_masks", 0) + masks
             continue
         terms[target] = terms.get(target, 0) + linear[target]
         terms["attention_scores_or_mask"] = terms.get("attention_scores_or_mask", 0) + quadratic[target]
     notes = []
-    if fit.residual_bytes > 1:
-        notes.append(f"the probe's saved bytes are not exactly bilinear in tokens and widths for this architecture "
-                     f"(largest misfit {fit.residual_bytes:,.0f} bytes on the small models)")
-    return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads, notes)
+    if not fit.reliable:
+        notes.append(f"the probe's saved bytes are not bilinear in tokens and widths for this architecture: the fit "
+                     f"missed a forward it never saw by {fit.held_out_misfit_bytes:,.0f} bytes, after a re-probe")
+    if out_of_bounds:
+        notes.append("fitted terms outside their physical range: " + "; ".join(out_of_bounds))
+    return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads, notes,
+                             reliable=fit.reliable and not out_of_bounds)

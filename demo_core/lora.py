@@ -36,14 +36,15 @@ def lora_target_names(model: torch.nn.Module, targets: tuple[str, ...]) -> list[
 
 class _LoraLinear(torch.nn.Module):
     """peft's LoRA forward without dropout: base(x) + lora_B(lora_A(x)) * alpha / rank, the base frozen, the adapters
-    in fp32 (peft's autocast_adapter_dtype), the input cast to their dtype and the sum cast back to the base's."""
+    in `dtype` (fp32 is peft's autocast_adapter_dtype default over a half base; the base's own dtype when that is
+    turned off), the input cast to their dtype and the sum cast back to the base's."""
 
-    def __init__(self, base: torch.nn.Module, rank: int):
+    def __init__(self, base: torch.nn.Module, rank: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         in_features, out_features = linear_in_out(base)
         self.base = base
-        self.lora_A = torch.nn.Linear(in_features, rank, bias=False)
-        self.lora_B = torch.nn.Linear(rank, out_features, bias=False)
+        self.lora_A = torch.nn.Linear(in_features, rank, bias=False, dtype=dtype)
+        self.lora_B = torch.nn.Linear(rank, out_features, bias=False, dtype=dtype)
 
     def forward(self, x):
         result = self.base(x)
@@ -51,11 +52,13 @@ class _LoraLinear(torch.nn.Module):
         return (result + adapted).to(result.dtype)
 
 
-def apply_lora(model: torch.nn.Module, rank: int, targets: tuple[str, ...]) -> None:
-    """Freeze `model` and wrap its targeted linear layers in place, as peft's get_peft_model does."""
+def apply_lora(model: torch.nn.Module, rank: int, targets: tuple[str, ...],
+               dtype: torch.dtype = torch.float32) -> None:
+    """Freeze `model` and wrap its targeted linear layers in place, as peft's get_peft_model does (adapters in
+    `dtype`)."""
     names = lora_target_names(model, targets)
     model.requires_grad_(False)
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _LoraLinear(getattr(parent, child), rank))
+        setattr(parent, child, _LoraLinear(getattr(parent, child), rank, dtype))

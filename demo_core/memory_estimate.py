@@ -9,21 +9,27 @@ The categories follow the Hugging Face "model training anatomy" page, plus the C
                  AdamW two uint8 states + an fp32 absmax per 256-element block; Adafactor factored second moments
     activations  what autograd saves for backward, fitted per architecture by activation_probe.py from tiny copies
                  of the model, plus the formulas below for what the probe leaves out
-    temporary    the largest short-lived buffer: logits gradients at the start of backward, the foreach optimizer's
-                 scratch at the step, or (gradient checkpointing) one layer recomputed during backward
-    context      CUDA context + library workspaces: measured, passed in as `context_bytes`; 0 on CPU
+    temporary    the largest short-lived buffer: the loss head's gradients at the start of backward (full logits, or
+                 a chunked head's tiles and fp32 accumulators), the optimizer's scratch at the step (foreach: a copy
+                 of every state; single-tensor: of the largest; fused: none), or (gradient checkpointing) one
+                 layer recomputed during backward
+    context      CUDA context + library workspaces: measured, passed in as `context_bytes`; 0 on CPU (the planner
+                 adds the context, the allocator's reserve and NCCL around the live tensors: memory_reserve.py)
 
 Two choices to know about:
-- Mixed precision (`precision="bf16"|"fp16"`) is `Trainer(bf16=True)`: fp32 parameters, autocast in the forward.
-  Autocast's half weight copies are saved for backward, so they count under `activations` (`amp_weight_copies`),
-  not `weights` (the HF page's "6 bytes/param" is 4 here + 2 there): `weights` stays equal to the parameter tensors
-  and the activations comparable with `SavedActivationMeter`, which sees the copies as non-parameter storages.
+- Mixed precision (`precision="bf16"|"fp16"`) is `Trainer(bf16=True)`: autocast in the forward, over fp32
+  parameters by default, or over parameters loaded in the half dtype (`half_weights`: how LoRA users load the frozen
+  base, `from_pretrained(dtype=torch.bfloat16)`). Autocast's half copies of fp32 weights are saved for backward, so
+  they count under `activations` (`amp_weight_copies`), not `weights` (the HF page's "6 bytes/param" is 4 here + 2
+  there): `weights` stays equal to the parameter tensors and the activations comparable with
+  `SavedActivationMeter`, which sees the copies as non-parameter storages.
 - The kernel of `varlen` / `flash_attention_2` is a formula (`attention_kernel_terms`): it follows the segment
   lengths, which the probe's fit cannot see. The rest comes from the model's own code (activation_probe.py).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Sequence
@@ -37,6 +43,12 @@ from .precision import ESTIMATE_PRECISION_NAMES, PRECISIONS
 
 _FP32_BYTES = 4
 _INT64_BYTES = 8
+ADAPTER_DTYPE_NAMES = ("fp32", "base")
+OPTIMIZER_IMPL_NAMES = ("fused", "foreach", "single-tensor")
+LOSS_NAMES = ("model", "trl-fused")
+# TRL's chunked log-prob kernel (trl/kernels/chunked_logprob.py): tiles of 4096 tokens x 32768 vocabulary entries.
+_CHUNKED_HEAD_TOKENS = 4096
+_CHUNKED_HEAD_VOCAB = 32768
 # QLoRA (Dettmers et al. 2023): NF4 weights (4 bits) with one absmax per 64 weights, itself quantized to 8 bits
 # with one fp32 constant per 256 absmaxes ("double quantization": 8/64 + 32/(64*256) = 0.127 bits per weight).
 QLORA_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
@@ -120,14 +132,30 @@ class TrainingSettings:
     lora_targets: tuple[str, ...] = ("all-linear",)
     quantized_base: bool = False  # QLoRA: the frozen linear weights in 4-bit NF4
     loss: str = "model"  # "model": the model's own loss (Trainer); "trl-fused": TRL SFTTrainer's chunked LM head
+    half_weights: bool = False  # bf16/fp16: parameters loaded in the half dtype, autocast over them (no fp32 copy)
+    adapter_dtype: str = "fp32"  # LoRA adapters in fp32 (peft's default) or in the base weights' dtype
+    optimizer_impl: str = "fused"  # fused (Trainer's adamw_torch_fused), foreach, single-tensor (a per-tensor loop)
+    gradients_kept: bool = False  # gradients live through forward and backward (accumulation, set_to_none=False)
 
     def __post_init__(self):
         for name, allowed in (("precision", ESTIMATE_PRECISION_NAMES), ("optimizer", ESTIMATE_OPTIMIZER_NAMES),
                               ("attention", ESTIMATE_ATTENTION_NAMES), ("device_type", ("cpu", "cuda")),
-                              ("loss", ("model", "trl-fused"))):
+                              ("loss", LOSS_NAMES), ("adapter_dtype", ADAPTER_DTYPE_NAMES),
+                              ("optimizer_impl", OPTIMIZER_IMPL_NAMES)):
             _check_choice(name, getattr(self, name), allowed)
         if self.quantized_base and not self.lora_rank:
             raise ValueError("a quantized base trains through LoRA adapters: give lora_rank")
+        if self.half_weights and not PRECISIONS[self.precision].autocast:
+            raise ValueError("half_weights is autocast over half-precision weights: precision bf16 or fp16")
+
+    @property
+    def base_param_bytes(self) -> int:
+        """Bytes per parameter of the loaded model: fp32 masters, or the half dtype (pure bf16, half_weights)."""
+        return 2 if self.half_weights else PRECISIONS[self.precision].weight_bytes
+
+    @property
+    def adapter_param_bytes(self) -> int:
+        return _FP32_BYTES if self.adapter_dtype == "fp32" else self.base_param_bytes
 
 
 def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
@@ -143,17 +171,21 @@ class ModelShape:
 
     layers: int
     head_dim: int
-    output_width: int  # vocabulary of a causal LM, labels of a classifier
-    classifier: bool  # the anatomy page's BERT: one output per sequence
+    hidden_size: int
+    output_width: int  # vocabulary of a language model, labels of a classifier, 2 for span start/end
+    classifier: bool  # one output per sequence (the anatomy page's BERT), not per token
+    causal_lm: bool  # the only head a chunked LM-head loss applies to
 
 
 def model_shape(config: Any) -> ModelShape:
-    classifier = activation_probe.model_class_for(config).__name__.endswith("SequenceClassification")
+    head = activation_probe.model_head(config)
     return ModelShape(
         layers=int(config.num_hidden_layers),
         head_dim=activation_probe.head_dim(config),
-        output_width=int(getattr(config, "num_labels", 2)) if classifier else int(config.vocab_size),
-        classifier=classifier,
+        hidden_size=int(config.hidden_size),
+        output_width=head.output_width(config),
+        classifier=not head.per_token,
+        causal_lm=head.kind == "causal-lm",
     )
 
 
@@ -224,24 +256,50 @@ class Trainable:
 def trainable(config: Any, settings: TrainingSettings) -> Trainable:
     facts = param_facts(config)
     if not settings.lora_rank:
-        return Trainable(facts.params, facts.tensor_shapes, PRECISIONS[settings.precision].weight_bytes)
+        return Trainable(facts.params, facts.tensor_shapes, settings.base_param_bytes)
     shapes = tuple(lora_adapter_shapes(config, settings.lora_rank, settings.lora_targets))
-    return Trainable(sum(math.prod(s) for s in shapes), shapes, _FP32_BYTES)
+    return Trainable(sum(math.prod(s) for s in shapes), shapes, settings.adapter_param_bytes)
 
 
 def weight_bytes(config: Any, settings: TrainingSettings) -> int:
     facts = param_facts(config)
-    param_bytes = PRECISIONS[settings.precision].weight_bytes
+    param_bytes = settings.base_param_bytes
     buffers = facts.buffer_bytes * param_bytes // _FP32_BYTES
     if not settings.lora_rank:
         return facts.params * param_bytes + buffers
     adapters = trainable(config, settings)
     if not settings.quantized_base:
         return facts.params * param_bytes + adapters.params * adapters.bytes_per_param + buffers
-    # QLoRA loads the rest of the frozen model (embeddings, norms, output layer) in the compute dtype.
+    # QLoRA keeps the rest of the frozen model (embeddings, norms, output layer) in the base dtype: the half dtype
+    # as loaded, or fp32 after peft's prepare_model_for_kbit_training, which upcasts every non-4-bit parameter.
     quantized = facts.quantizable_params
-    rest = (facts.params - quantized) * PRECISIONS[settings.precision].compute_bytes
+    rest = (facts.params - quantized) * param_bytes
     return math.ceil(quantized * QLORA_BYTES_PER_PARAM) + rest + adapters.params * adapters.bytes_per_param + buffers
+
+
+def state_tensor_sizes(config: Any, settings: TrainingSettings) -> dict[str, list[int]]:
+    """Bytes of the tensors a step keeps, one entry per tensor, as the CUDA caching allocator is asked for them
+    (memory_reserve.py rounds them into its segments): weights (QLoRA's 4-bit linear weights at their packed size),
+    gradients and optimizer states."""
+    facts = param_facts(config)
+    base = settings.base_param_bytes
+    quantized = collections.Counter((out_features, in_features) for _, in_features, out_features, is_output
+                                    in facts.linear_layers if not is_output) if settings.quantized_base else {}
+    weights = []
+    for dims in facts.tensor_shapes:
+        if quantized.get(dims):
+            quantized[dims] -= 1
+            weights.append(math.ceil(math.prod(dims) * QLORA_BYTES_PER_PARAM))
+        else:
+            weights.append(math.prod(dims) * base)
+    train = trainable(config, settings)
+    trained = [math.prod(dims) * train.bytes_per_param for dims in train.tensor_shapes]
+    if settings.lora_rank:
+        weights += trained
+    states = {"adamw": 2, "sgd": 1}.get(settings.optimizer, 2)  # 8-bit and factored states: two per tensor too
+    per_state = [size // (train.bytes_per_param if settings.optimizer in ("adamw_8bit", "adafactor") else 1)
+                 for size in trained]
+    return {"weights": weights, "gradients": trained, "optimizer": per_state * states}
 
 
 # ---- activations ------------------------------------------------------------------------------------------------
@@ -255,6 +313,9 @@ def _probe_spec(step: StepShape, settings: TrainingSettings, checkpointing: bool
         checkpointing=checkpointing, lora_rank=settings.lora_rank,
         lora_targets=tuple(settings.lora_targets) if settings.lora_rank else ("all-linear",),
         fused_lm_head=settings.loss == "trl-fused",
+        half_weights=settings.half_weights,
+        adapter_dtype=settings.adapter_dtype if settings.lora_rank else "fp32",
+        cuda_autocast=settings.device_type == "cuda" and PRECISIONS[settings.precision].autocast,
     )
 
 
@@ -290,19 +351,23 @@ def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: Trainin
 
 
 def _weight_copy_bytes(config: Any, settings: TrainingSettings) -> int:
-    """Autocast's half copies of the matmul weights, saved for backward (frozen ones too: the input gradient needs
-    them). QLoRA's 4-bit weights are dequantized again in backward instead, so only its adapters are copied."""
+    """Autocast's half copies of the fp32 matmul weights, saved for backward (frozen ones too: the input gradient
+    needs them). Weights loaded in the half dtype are used as they are; QLoRA's 4-bit weights are dequantized again
+    in backward instead. fp32 LoRA adapters are copied like any fp32 weight."""
     if not PRECISIONS[settings.precision].autocast:
         return 0
     facts = param_facts(config)
-    copied = facts.matmul_weight_params - (facts.quantizable_params if settings.quantized_base else 0)
-    if settings.lora_rank:
+    copied = 0
+    if not settings.half_weights:
+        copied = facts.matmul_weight_params - (facts.quantizable_params if settings.quantized_base else 0)
+    if settings.lora_rank and settings.adapter_param_bytes == _FP32_BYTES:
         copied += trainable(config, settings).params
     return copied * PRECISIONS[settings.precision].compute_bytes
 
 
-def activation_terms(config: Any, step: StepShape, settings: TrainingSettings) -> tuple[dict[str, int], int, list]:
-    """(bytes saved for backward term by term, one recomputed layer's bytes, notes).
+def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
+                     ) -> tuple[dict[str, int], int, list, bool]:
+    """(bytes saved for backward term by term, one recomputed layer's bytes, notes, whether the fit is reliable).
 
     The sum of the terms is the `activations` category: what is alive at the end of the forward. With gradient
     checkpointing that is each layer's input plus the once-per-model tensors; one layer is recomputed at a time
@@ -312,7 +377,7 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings) -
     mask_bytes = 1 if settings.device_type == "cuda" else 4  # CUDA's fused dropout keeps a bool mask, CPU a float
     probed = activation_probe.probed_activations(
         config, _probe_spec(step, settings, settings.gradient_checkpointing), step.rows, step.seq_len, mask_bytes)
-    terms = probed.terms
+    terms, notes, reliable = probed.terms, list(probed.notes), probed.reliable
     kernel = attention_kernel_terms(shape, step, settings, probed.kernel_heads) if probed.kernel_heads else {}
     recomputed = 0
     if settings.gradient_checkpointing:
@@ -321,10 +386,12 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings) -
         full = activation_probe.probed_activations(
             config, _probe_spec(step, settings, checkpointing=False), step.rows, step.seq_len, mask_bytes)
         recomputed = full.largest_layer_bytes + kernel.get("attention_kernel", 0) // shape.layers
+        notes += [note for note in full.notes if note not in notes]
+        reliable = reliable and full.reliable
     else:
         terms.update(kernel)
     terms["amp_weight_copies"] = _weight_copy_bytes(config, settings)
-    return {name: nbytes for name, nbytes in terms.items() if nbytes}, recomputed, probed.notes
+    return {name: nbytes for name, nbytes in terms.items() if nbytes}, recomputed, notes, reliable
 
 
 # ---- states, temporaries, peaks ---------------------------------------------------------------------------------
@@ -356,32 +423,63 @@ def optimizer_state_bytes(optimizer: str, train: Trainable) -> int:
     return total
 
 
+def chunked_head_backward_bytes(shape: ModelShape, step: StepShape, settings: TrainingSettings) -> int:
+    """TRL's chunked LM head in backward (trl/kernels/chunked_logprob.py, CUDA path): the fp32 gradient of the
+    hidden states for every token, one (4096 tokens x 32768 vocabulary) tile in the compute dtype with its hidden
+    chunk and weight chunk cast to it, and, when the head trains (a full fine-tune), an fp32 gradient of the whole
+    head weight, cast to the weight's dtype at the end; the hidden-state gradient is cast back likewise."""
+    c, hidden = PRECISIONS[settings.precision].compute_bytes, shape.hidden_size
+    weight_bytes_each = settings.base_param_bytes  # the head's weight; the hidden states share its dtype
+    tokens = step.token_slots
+    tile_tokens, tile_vocab = min(tokens, _CHUNKED_HEAD_TOKENS), min(shape.output_width, _CHUNKED_HEAD_VOCAB)
+    total = tokens * hidden * _FP32_BYTES + tile_tokens * tile_vocab * c
+    if weight_bytes_each != c:  # under autocast over fp32 weights: the hidden chunk and the weight chunk cast down
+        total += (tile_tokens + tile_vocab) * hidden * c
+    if weight_bytes_each != _FP32_BYTES:  # the fp32 accumulator cast back to the hidden states' dtype
+        total += tokens * hidden * weight_bytes_each
+    if not settings.lora_rank:
+        head = shape.output_width * hidden
+        total += head * _FP32_BYTES + (head * weight_bytes_each if weight_bytes_each != _FP32_BYTES else 0)
+    return total
+
+
+def optimizer_step_bytes(settings: TrainingSettings, train: Trainable) -> int:
+    """Scratch of the optimizer step. torch AdamW: foreach computes sqrt(exp_avg_sq) for every tensor at once; the
+    single-tensor loop for one tensor at a time (sqrt and its division alive together: twice the tensor); fused
+    works in place (Trainer's default optim since torch 2.8). SGD, 8-bit AdamW and Adafactor update in place."""
+    if settings.optimizer != "adamw" or settings.optimizer_impl == "fused":
+        return 0
+    if settings.optimizer_impl == "foreach":
+        return train.bytes_per_param * train.params
+    largest_tensor = max((math.prod(dims) for dims in train.tensor_shapes), default=0)
+    return 2 * train.bytes_per_param * largest_tensor
+
+
 def temporary_terms(shape: ModelShape, step: StepShape, settings: TrainingSettings, train: Trainable,
                     recomputed_layer_bytes: int) -> dict[str, int]:
     outputs = step.rows if shape.classifier else step.token_slots
     precision = PRECISIONS[settings.precision]
     half_logits = precision.compute_bytes if precision.half_compute else 0
-    largest_tensor = max((math.prod(dims) for dims in train.tensor_shapes), default=0)
-    foreach = settings.device_type == "cuda"
     return {
         # Start of backward: nll_loss's and log_softmax's gradients, both fp32 (HF's loss upcasts the logits), plus
         # the gradient of the half-precision logits when the forward ran in half precision. TRL's fused head works
-        # through the logits a chunk of tokens at a time: no full-size gradient.
-        "logits_gradients": (0 if settings.loss == "trl-fused" else
+        # through the logits a tile at a time: no full-size gradient, its own buffers instead.
+        "logits_gradients": (chunked_head_backward_bytes(shape, step, settings) if settings.loss == "trl-fused" else
                              outputs * shape.output_width * (2 * _FP32_BYTES + half_logits)),
-        # torch AdamW's foreach path (the default on CUDA) allocates sqrt(exp_avg_sq) for the whole group; the
-        # single-tensor path (CPU) one parameter at a time. SGD, 8-bit AdamW and Adafactor update in place.
-        "optimizer_step": (train.bytes_per_param * (train.params if foreach else largest_tensor)
-                           if settings.optimizer == "adamw" else 0),
+        "optimizer_step": optimizer_step_bytes(settings, train),
         "recomputed_layer": recomputed_layer_bytes,
     }
 
 
-def live_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> dict[str, dict[str, int]]:
+def live_by_moment(categories: dict[str, int], temporaries: dict[str, int],
+                   gradients_kept: bool = False) -> dict[str, dict[str, int]]:
     """What is alive at each moment of a step, per category (context included). Trainer zeroes gradients with
     set_to_none, so none exist during the forward of step 2 onward; at the optimizer step they all do and the
-    activations are gone."""
+    activations are gone. `gradients_kept`: they live through every moment (the micro-batches after the first of an
+    accumulated step, or zero_grad(set_to_none=False), torch's default before 2.0)."""
     held = {category: categories[category] for category in ("weights", "optimizer", "context")}
+    if gradients_kept:
+        held["gradients"] = categories["gradients"]
     forward = {**held, "activations": categories["activations"]}
     live = {
         "forward_end": forward,
@@ -395,9 +493,11 @@ def live_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> d
     return live
 
 
-def peaks_by_moment(categories: dict[str, int], temporaries: dict[str, int]) -> dict[str, int]:
+def peaks_by_moment(categories: dict[str, int], temporaries: dict[str, int],
+                    gradients_kept: bool = False) -> dict[str, int]:
     """Live bytes at each moment of a step (see `live_by_moment`)."""
-    return {moment: sum(parts.values()) for moment, parts in live_by_moment(categories, temporaries).items()}
+    return {moment: sum(parts.values())
+            for moment, parts in live_by_moment(categories, temporaries, gradients_kept).items()}
 
 
 class StepPeak:
@@ -424,14 +524,17 @@ class MemoryEstimate(StepPeak):
     params: int
     trainable_params: int
     notes: list[str] = dataclasses.field(default_factory=list)
+    reliable: bool = True  # False: a fitted term missed its check (see notes); the planner refuses such an estimate
 
 
 def estimate_memory_detail(config: Any, step: StepShape, settings: TrainingSettings = TrainingSettings()
                            ) -> MemoryEstimate:
     """Every category of one training step, with the terms behind them and the peak per moment of the step."""
     shape = model_shape(config)
+    if settings.loss == "trl-fused" and not shape.causal_lm:
+        raise ValueError("a chunked LM-head loss computes next-token log-probabilities: causal language models only")
     train = trainable(config, settings)
-    activations, recomputed, notes = activation_terms(config, step, settings)
+    activations, recomputed, notes, reliable = activation_terms(config, step, settings)
     temporaries = temporary_terms(shape, step, settings, train, recomputed)
     categories = {
         "weights": weight_bytes(config, settings),
@@ -443,10 +546,14 @@ def estimate_memory_detail(config: Any, step: StepShape, settings: TrainingSetti
     }
     if settings.attention in PER_SEGMENT_ATTENTION:
         notes.append("varlen/flash kernels save a logsumexp per token, no scores: no quadratic memory term")
-    if PRECISIONS[settings.precision].autocast:
+    if PRECISIONS[settings.precision].autocast and activations.get("amp_weight_copies"):
         notes.append("half-precision weight copies are counted in activations (amp_weight_copies)")
-    return MemoryEstimate(categories, activations, temporaries, peaks_by_moment(categories, temporaries),
-                          step.token_slots, param_facts(config).params, train.params, notes)
+    negative = [name for name, nbytes in {**categories, **activations, **temporaries}.items() if nbytes < 0]
+    if negative:
+        notes.append(f"negative estimates: {', '.join(negative)}")
+    return MemoryEstimate(categories, activations, temporaries,
+                          peaks_by_moment(categories, temporaries, settings.gradients_kept), step.token_slots,
+                          param_facts(config).params, train.params, notes, reliable and not negative)
 
 
 def estimate_memory(config: Any, step: StepShape, settings: TrainingSettings = TrainingSettings()) -> dict[str, int]:
@@ -491,8 +598,8 @@ def seed_example_estimate(context_bytes: int | None = None) -> dict[str, Any]:
     cuBLAS/cuDNN workspaces, and the run had already done earlier steps, so nvidia-smi shows the pool's high-water
     mark rather than one step's peak. See docs/MEMORY.md.
     """
-    settings = TrainingSettings(
-        precision="fp32", optimizer="adamw", attention="eager", device_type="cuda",
+    settings = TrainingSettings(  # that Trainer's AdamW was transformers' own, a loop over the parameters
+        precision="fp32", optimizer="adamw", attention="eager", device_type="cuda", optimizer_impl="single-tensor",
         context_bytes=context_bytes if context_bytes is not None else SEED_CONTEXT_MB_REPORTED * 2**20)
     est = estimate_memory_detail(bert_large_config(), StepShape(4, 512), settings)
     measured_bytes = SEED_MEASURED_MB * 2**20

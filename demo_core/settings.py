@@ -241,9 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     for item in declared(cls):
         if not item.cli:
             continue
-        if item.base is bool:
-            action = "store_true" if not item.default else argparse.BooleanOptionalAction
-            parser.add_argument(flag(item), action=action, help=item.described())
+        if item.base is bool:  # a switch; with a default of True or None ("the engine decides"), --no-x too
+            action = "store_true" if item.default is False else argparse.BooleanOptionalAction
+            parser.add_argument(flag(item), action=action, default=item.default, help=item.described())
             continue
         default = ",".join(item.default) if item.base is tuple else item.default
         options = dict(required=True) if item.required else dict(default=default)

@@ -23,11 +23,16 @@ def summary_markdown(result: Plan) -> str:
     fits = " · ".join(f"{gb} GB {'✅' if ok else '❌'}" for gb, ok in result.fits.items())
     training = (f"LoRA r={request.lora_rank}" + (" on a 4-bit base (QLoRA)" if request.qlora else "")
                 if request.lora_rank else "full fine-tune")
+    memory = device.memory
     lines = [
         f"**{request.model}**: {device.params / 1e9:.2f}B parameters, {device.trainable_params / 1e6:,.1f}M "
         f"trained ({training}); attention `{result.attention}`.",
-        f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** at `{device.peak_moment}`. Fits: {fits}.",
-        f"{fit_words[:1].upper()}{fit_words[1:]}.",
+        f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** of live tensors at `{device.peak_moment}` "
+        f"(max_memory_allocated); {memory.reserved.bytes / GIB:,.1f} GiB reserved by PyTorch's caching allocator "
+        f"(max_memory_reserved); **{memory.device_used.bytes / GIB:,.1f} GiB used on the card** as nvidia-smi "
+        f"shows it (+ CUDA context). Fits: {fits}.",
+        f"Fits and the largest sizes are decided on the card's used memory plus a margin of "
+        f"{memory.margin_bytes / GIB:,.1f} GiB. {fit_words[:1].upper()}{fit_words[1:]}.",
     ]
     notes = "\n".join(f"- {note}" for note in result.notes)
     return "\n\n".join(lines + ([notes] if notes else []))
@@ -56,18 +61,22 @@ def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: b
                      linewidth=0.5, width=0.55)
             bottom += value
         chosen = (label == "packed") == chosen_packed
-        axes.text(position, bottom, f"{bottom:,.1f} GiB\nat {device.peak_moment}", ha="center",
-                  va="bottom", fontsize=8, fontweight="bold" if chosen else "normal")
-        tallest = max(tallest, bottom)
+        used = device.memory.device_used.bytes / GIB  # what the fit is decided on: a mark above the live stack
+        axes.hlines(used, position - 0.3, position + 0.3, colors="black", linewidth=1.5)
+        axes.text(position, max(used, bottom), f"{bottom:,.1f} GiB live at {device.peak_moment}\n"
+                  f"{used:,.1f} GiB on the card", ha="center", va="bottom", fontsize=8,
+                  fontweight="bold" if chosen else "normal")
+        tallest = max(tallest, bottom, used)
     axes.set_xticks([0, 1], ["padded", "packed (padding-free)"])
     axes.set_xlim(-0.6, 1.6)
     # Room for the 24 GB line once a plan is a quarter of it; a toy model's bars would vanish under it.
     axes.set_ylim(0, max(tallest * 1.3, 26.5 if tallest > 6 else 1.0))
     _gpu_lines(axes)
     axes.set_ylabel("GiB per device at the peak of a step")
-    axes.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES], fontsize=7,
-                ncols=3, loc="upper left")
-    axes.set_title(wrap_lines("Will it fit? Memory alive at the peak, per category\n(dashed: common GPU sizes)",
+    axes.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES if c != "context"],
+                fontsize=7, ncols=3, loc="upper left")  # the context is not a tensor: it is in the black mark
+    axes.set_title(wrap_lines("Will it fit? Memory alive at the peak, per category\n(black mark: used on the card, "
+                              "with allocator cache and CUDA context; dashed: common GPU sizes)",
                               int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
     return figure
 
@@ -89,7 +98,7 @@ def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN) -> Figure:
     # 10-pt axis labels fit about 11 characters per inch less the y axis' margin.
     axes.set_xlabel(wrap_lines("sequence length (tokens per example; a length profile is cut to it)",
                                int(width_in * 11) - 10))
-    axes.set_ylabel("GiB per device at the peak")
+    axes.set_ylabel("GiB used on the card per device")
     axes.legend(fontsize=7, loc="upper left")
     profile = result.request.dataset or "equal lengths"
     axes.set_title(wrap_lines(f"Memory against sequence length (batch size {result.request.batch_size}, {profile})\n"

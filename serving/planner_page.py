@@ -61,8 +61,10 @@ def plan_api(**settings) -> dict[str, Any]:
     """Memory per device of a fine-tune, from the model's config alone: no weights, no training.
 
     Returns:
-        per_device (category -> bytes), total_bytes (the peak), peak_moment, fits (GPU GB -> bool), max_batch_size,
-        max_seq_length and scaling (padded vs packed bytes per sequence length)
+        per_device (category -> bytes), total_bytes (live tensors at the peak: max_memory_allocated),
+        reserved_bytes (max_memory_reserved), device_used_bytes (nvidia-smi), margin_bytes and fit_basis (fits
+        decided on device_used_bytes + margin_bytes), peak_moment, fits (GPU GB -> bool), max_batch_size,
+        max_seq_length and scaling (padded vs packed device use per sequence length)
     """
     return plan(_request(**settings)).to_dict()
 
@@ -102,10 +104,11 @@ def warm_up_in_background() -> threading.Thread:
 
 
 FIGURE_TEXT = {
-    "bars": "Stacked bars of the memory per device of the planned fine-tune, padded beside packed, by category "
-            "(weights, gradients, optimizer, activations, temporary, CUDA context), with lines at 24, 40, 80 and "
-            "141 GB GPU sizes",
-    "curve": "Memory per device against sequence length, padded and packed, with lines at common GPU sizes",
+    "bars": "Stacked bars of the live memory per device of the planned fine-tune, padded beside packed, by category "
+            "(weights, gradients, optimizer, activations, temporary), a black mark at the memory used on the card "
+            "(with the allocator's cache and the CUDA context), and lines at 24, 40, 80 and 141 GB GPU sizes",
+    "curve": "Memory used on the card per device against sequence length, padded and packed, with lines at common "
+             "GPU sizes",
 }
 
 

@@ -14,10 +14,10 @@ from demo_core import RunConfig, run_comparison
 from demo_core.cli import main
 from demo_core.engine import prepare
 from demo_core.errors import DemoInputError
-from demo_core.memory_estimate import StepShape
+from demo_core.memory_estimate import StepShape, param_facts
 from demo_core.models import PRESETS
-from demo_core.planner import (GPU_SIZES_GB, PlanRequest, largest_fit_words, load_config, per_device_estimate, plan,
-                               shipped_configs, training_settings)
+from demo_core.planner import (GPU_SIZES_GB, PlanRequest, device_estimate, largest_fit_words, load_config,
+                               per_device_estimate, plan, shipped_configs, training_settings)
 
 GIB = 2 ** 30
 SMALL_RUN = dict(model="tiny-llama", dataset="flan-like", samples=24, steps=2, batch_size=4, precision="fp32",
@@ -88,29 +88,37 @@ def test_lora_trainable_params_match_the_module_shapes(targets):
 
 
 def test_qlora_stores_the_linear_weights_in_four_bits():
-    full = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, batch_size=1, seq_length=512))
+    lora = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, batch_size=1, seq_length=512))
     qlora = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512))
+    kbit = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512,
+                            base_dtype="fp32"))  # peft's prepare_model_for_kbit_training upcasts the rest
     # 8.03B params, of which the embeddings and the output layer (2 x 128256 x 4096) are not quantized
-    linear = full.device.params - 2 * 128256 * 4096 - 65 * 4096  # minus the norms
-    rest_bf16 = 2 * (full.device.params - linear)
-    assert 0.5 * linear + rest_bf16 < qlora.device.categories["weights"] < 0.53 * linear + rest_bf16 + 4 * 50e6
-    assert qlora.device.categories["weights"] < full.device.categories["weights"] / 4
+    linear = lora.device.params - 2 * 128256 * 4096 - 65 * 4096  # minus the norms
+    rest = lora.device.params - linear
+    assert 0.5 * linear + 2 * rest < qlora.device.categories["weights"] < 0.53 * linear + 2 * rest + 4 * 50e6
+    buffers = param_facts(load_config("Llama-3.1-8B")).buffer_bytes  # rotary tables, fp32 as built
+    assert kbit.device.categories["weights"] - qlora.device.categories["weights"] == 2 * rest + buffers // 2
+    # LoRA's default base: loaded in bf16, fp32 adapters (peft's default)
+    assert lora.device.categories["weights"] == 2 * lora.device.params + 4 * lora.device.trainable_params + buffers // 2
 
 
-def test_max_batch_size_and_seq_length_are_the_largest_that_fit():
+def test_max_batch_size_and_seq_length_are_the_largest_that_fit_the_device_with_the_margin():
     base = dict(model="Qwen2.5-0.5B", seq_length=1024, batch_size=4, gpu_gb=24, packed=True)
     found = plan(PlanRequest(**base))
     b, s = found.max_batch_size, found.max_seq_length
     assert b >= 1 and s >= 2
-    total = lambda **change: plan(PlanRequest(**{**base, **change})).device.peak_bytes  # noqa: E731
-    assert total(batch_size=b) <= 24 * GIB < total(batch_size=b + 1)
-    assert total(seq_length=s) <= 24 * GIB < total(seq_length=s + 1)
+    # decided on what nvidia-smi would show plus the margin, not on the live tensors alone
+    needs = lambda **change: device_estimate(PlanRequest(**{**base, **change})).device_used_high_bytes  # noqa: E731
+    assert needs(batch_size=b) <= 24 * GIB < needs(batch_size=b + 1)
+    assert needs(seq_length=s) <= 24 * GIB < needs(seq_length=s + 1)
+    live = lambda **change: device_estimate(PlanRequest(**{**base, **change})).peak_bytes  # noqa: E731
+    assert live(batch_size=b + 1) < 24 * GIB  # the live tensors alone would have let one more example in
 
 
 def test_packing_a_length_profile_needs_less_than_padding_it():
     request = dict(model="SmolLM2-135M", dataset="flan-like", samples=256, batch_size=16, seq_length=1024)
-    padded = plan(PlanRequest(**request)).device.peak_bytes
-    packed = plan(PlanRequest(**request, packed=True)).device.peak_bytes
+    padded = device_estimate(PlanRequest(**request)).peak_bytes
+    packed = device_estimate(PlanRequest(**request, packed=True)).peak_bytes
     assert packed < padded
 
 
@@ -118,7 +126,7 @@ def test_packing_a_length_profile_needs_less_than_padding_it():
 PUBLISHED_PARAMS = {"Llama-3.2-1B": 1.23e9, "Llama-3.2-3B": 3.21e9, "Llama-3.1-8B": 8.03e9, "Qwen2.5-0.5B": 0.49e9,
                     "Qwen2.5-7B": 7.61e9, "Mistral-7B-v0.3": 7.25e9, "gemma-2-2b": 2.61e9,
                     "Phi-3-mini-4k-instruct": 3.82e9, "SmolLM2-135M": 135e6, "SmolLM2-1.7B": 1.71e9,
-                    "Mixtral-8x7B-v0.1": 46.7e9, "Llama-2-7b-hf": 6.74e9}
+                    "Mixtral-8x7B-v0.1": 46.7e9, "Llama-2-7b-hf": 6.74e9, "Llama-3.3-70B-Instruct": 70.6e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
@@ -145,11 +153,28 @@ def test_plan_cli_writes_the_contract_keys(tmp_path, capsys):
     assert main(["plan", "--model", "tiny-llama", "--batch-size", "4", "--seq-length", "256", "--device", "cpu",
                  "--precision", "fp32", "--gradient-checkpointing", "--json", str(out)]) == 0
     document = json.loads(out.read_text())
-    assert {"per_device", "total_bytes", "peak_moment", "fits", "max_batch_size", "max_seq_length"} <= set(document)
+    assert {"per_device", "total_bytes", "reserved_bytes", "device_used_bytes", "peak_moment", "fits",
+            "max_batch_size", "max_seq_length", "fit_basis", "margin_bytes"} <= set(document)
     assert set(document["per_device"]) == {"weights", "gradients", "optimizer", "activations", "temporary", "context"}
     assert set(document["fits"]) == {str(gb) for gb in GPU_SIZES_GB}
     assert document["total_bytes"] >= document["per_device"]["weights"] + document["per_device"]["activations"]
-    assert "fits:" in capsys.readouterr().out
+    # on the CPU there is no caching allocator and no context: the three numbers are the live tensors
+    assert document["total_bytes"] == document["reserved_bytes"] == document["device_used_bytes"]
+    assert document["fit_basis"] == "device_used_bytes"
+    output = capsys.readouterr().out
+    assert "fits:" in output and "device used" in output and "margin" in output
+
+
+def test_plan_cli_on_cuda_reports_the_three_numbers_and_decides_on_device_used(tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "Qwen2.5-0.5B", "--batch-size", "2", "--seq-length", "1024", "--gpu-gb", "24",
+                 "--context-gb", "0.5", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["total_bytes"] < document["reserved_bytes"] < document["device_used_bytes"]
+    assert document["device_used_bytes"] - document["reserved_bytes"] == GIB // 2  # the context given
+    assert document["device_used_range_bytes"][1] == document["device_used_bytes"] + document["margin_bytes"]
+    for gb, fits in document["fits"].items():
+        assert fits == (document["device_used_bytes"] + document["margin_bytes"] <= int(gb) * GIB)
 
 
 @pytest.mark.parametrize("args, message", [
