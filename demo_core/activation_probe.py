@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
+from .isolation import exclusive
 from .lora import apply_lora
 from .memory_measure import storage_key
 
@@ -217,8 +218,7 @@ def model_class_for(config: Any) -> type:
 def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> torch.nn.Module:
     small = _probe_config(config, widths)
     dtype = torch.bfloat16 if spec.precision == "pure-bf16" else torch.float32
-    with torch.random.fork_rng(devices=[]):  # the probe must not move the caller's random stream
-        torch.manual_seed(0)
+    with exclusive(seed=0):  # the same weights at every call, and no one else's random stream or dtype moved
         model = model_class_for(config).from_config(small, attn_implementation=spec.attention, dtype=dtype)
     model.train()
     if spec.fused_lm_head:
@@ -418,16 +418,17 @@ def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
 
     One fit at a time, on one intra-op thread: the probe's ops are tiny, and handing each to OpenMP's pool costs
     milliseconds on a busy machine (measured on 2 busy cores: 1.0 s per fit with 2 threads, 0.12 s with one).
+    A fit holds the process's torch state (isolation.exclusive): its models' weights and dropout masks are its own,
+    and a run training meanwhile never sees its seeds, its dtype or its thread count. The process state is taken
+    before `_FIT_LOCK`, always in that order.
     """
     key = (type(config).__name__, config.to_json_string(use_diff=False), spec)
     with _FIT_LOCK:
+        if key in _FIT_CACHE:
+            return _FIT_CACHE[key]
+    with exclusive(seed=0, threads=1), _FIT_LOCK:
         if key not in _FIT_CACHE:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                _FIT_CACHE[key] = _fit(config, spec)
-            finally:
-                torch.set_num_threads(threads)
+            _FIT_CACHE[key] = _fit(config, spec)
         return _FIT_CACHE[key]
 
 
