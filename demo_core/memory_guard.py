@@ -6,6 +6,16 @@ examples, epoch after epoch; the longest examples together for a length-grouped 
 together; the packed rows for best-fit-decreasing), each in the collator's layout (padded B x L, one packed row, one
 naive row whose attention sees the whole row).
 
+Two things a CPU process holds beyond the estimate's live tensors are added:
+- varlen attention checks the model's mask on every pair of tokens inside each segment, once per forward
+  (attention.infer_pattern): booleans and index tensors, 11-16 bytes per pair measured (a naive-concat row of 8k
+  tokens, a row of 8 packed examples), alive while the first attention layer runs. For a naive-concat row every
+  token pair is inside its one segment: 43,700 tokens (8 examples of ~5.4k) need 30 GB for it, the 19 GB the kernel
+  killed a run at;
+- the allocator keeps what a step frees for the next one, and short-lived buffers of the forward are in no category:
+  a CPU process grew by 1.1-1.9x the estimated step tensors (tiny-llama, 8k tokens per step, varlen and sdpa), so on
+  a CPU a step's tensors count twice.
+
 How the collators add up depends on how they run (engine.takes_turns):
 - on a CPU their bursts take turns in threads, so every collator's model, optimizer state and Trainer stay alive
   while one of them steps: run peak = sum of what each holds between steps (weights + optimizer state) + the largest
@@ -31,6 +41,7 @@ import psutil
 import torch
 
 from . import memory_estimate
+from .attention import VARLEN, bucket_shapes
 from .collators import CollatorSpec
 from .distributed import world_size
 from .errors import DemoInputError
@@ -39,6 +50,8 @@ if TYPE_CHECKING:
     from .burst import BurstSettings
     from .engine import Prepared
 
+MASK_CHECK_BYTES_PER_PAIR = 16  # attention.infer_pattern, per token pair inside a segment (measured 11-16)
+CPU_BYTES_PER_STEP_BYTE = 2.0  # resident bytes per estimated step tensor byte on a CPU (measured 1.1-1.9)
 # Batches of a collator whose estimate is computed: the worst by each cost that can set a peak (token slots for the
 # linear parts, the quadratic score/mask term, the longest example for the varlen kernel's buckets).
 _CANDIDATES_PER_COLLATOR = 3
@@ -63,6 +76,12 @@ def available_bytes(device: str) -> int:
     if device == "cuda":
         return torch.cuda.mem_get_info()[0]
     return psutil.virtual_memory().available
+
+
+def mask_check_bytes(step: memory_estimate.StepShape) -> int:
+    """What varlen's check of the model's mask pattern holds for one forward of `step` (attention.infer_pattern):
+    every token pair of each bucket of similar-length segments, padded to the bucket's longest."""
+    return MASK_CHECK_BYTES_PER_PAIR * sum(n * length * length for n, length in bucket_shapes(step.attention_segments()))
 
 
 def step_shape(spec: CollatorSpec, lengths: Sequence[int]) -> memory_estimate.StepShape:
@@ -129,8 +148,10 @@ def _worst_candidates(spec: CollatorSpec, batches: list[list[int]]) -> list[list
 @dataclasses.dataclass(frozen=True)
 class CollatorMemory:
     collator: str
-    peak_bytes: int  # its step peak at its worst batch of the run
+    peak_bytes: int  # its step peak at its worst batch of the run, as the device holds it
     held_bytes: int  # what its burst keeps between steps: weights and optimizer state
+    tensor_peak_bytes: int  # the estimate's peak of live tensors at that batch (memory_estimate.py)
+    mask_check_bytes: int  # varlen's mask-pattern check at that batch (0 on other attention paths)
     worst_batch_examples: int
     worst_batch_tokens: int  # real tokens of that batch
     worst_batch_slots: int  # positions the model computes on (padded B x L, else the tokens)
@@ -174,18 +195,23 @@ def _processes_sharing_memory(device: str) -> int:
 
 
 def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max_length: int) -> CollatorMemory:
+    """One collator's worst step of the run (the largest of its candidate batches) as the device holds it."""
     settings = burst_memory_settings(spec, prepared.attention, prepared.burst_settings())
+    slack = CPU_BYTES_PER_STEP_BYTE if prepared.device == "cpu" else 1.0
+    sharing = _processes_sharing_memory(prepared.device)
     worst = None
     for lengths in _worst_candidates(spec, step_lengths(prepared, spec, batch_size, max_length)):
         shape = step_shape(spec, lengths)
         estimate = memory_estimate.estimate_memory_detail(prepared.source.config, shape, settings)
-        if worst is None or estimate.peak_bytes > worst[0].peak_bytes:
-            worst = (estimate, lengths, shape)
-    estimate, lengths, shape = worst
-    sharing = _processes_sharing_memory(prepared.device)
-    return CollatorMemory(spec.name, estimate.peak_bytes * sharing,
-                          (estimate.categories["weights"] + estimate.categories["optimizer"]) * sharing,
-                          len(lengths), sum(lengths), shape.token_slots)
+        held = estimate.categories["weights"] + estimate.categories["optimizer"]
+        check = mask_check_bytes(shape) if prepared.attention == VARLEN else 0
+        # The mask check runs at the first attention layer, before the step's activations pile up.
+        peak = held + max(slack * (estimate.peak_bytes - held), check)
+        memory = CollatorMemory(spec.name, int(peak) * sharing, held * sharing, estimate.peak_bytes, check,
+                                len(lengths), sum(lengths), shape.token_slots)
+        if worst is None or memory.peak_bytes > worst.peak_bytes:
+            worst = memory
+    return worst
 
 
 def predict(prepared: Prepared, batch_size: int | None = None, max_length: int | None = None,

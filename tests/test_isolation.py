@@ -9,13 +9,18 @@ can, while a run trains; its losses must equal a quiet run's bit for bit.
 
 import contextlib
 import itertools
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
+from gradio_client import Client
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from demo_core import RunConfig, run_comparison
+from demo_core import RunConfig, activation_probe, run_comparison
 from demo_core.activation_probe import ProbeSpec, activation_fit
 from demo_core.contamination import contamination_check
 from demo_core.models import byte_tokenizer, load_model_source
@@ -23,6 +28,7 @@ from demo_core.preflight import measure_packing
 
 RUN = dict(dataset="flan-like", samples=16, collators=("padded", "flatten"), steps=3, batch_size=4, seed=1,
            max_length=256)
+REPO = Path(__file__).resolve().parent.parent
 _ranks = itertools.count(1)  # a LoRA rank never asked before: the planner's fit cache cannot answer it
 
 
@@ -57,13 +63,52 @@ def _losses(config: RunConfig) -> list[list[float]]:
     return [result.losses for result in run_comparison(config).results]
 
 
-def test_a_run_beside_probes_preflight_checks_and_model_builds_gives_the_quiet_runs_losses():
+@pytest.fixture(scope="module")
+def cli_losses(tmp_path_factory) -> list[list[float]]:
+    """The tiny-llama run of RUN as `python -m demo_core compare --json` gives it, in a process of its own."""
+    path = tmp_path_factory.mktemp("cli") / "run.json"
+    arguments = ["--model", "tiny-llama", "--dataset", RUN["dataset"], "--samples", str(RUN["samples"]),
+                 "--collators", ",".join(RUN["collators"]), "--steps", str(RUN["steps"]),
+                 "--batch-size", str(RUN["batch_size"]), "--seed", str(RUN["seed"]),
+                 "--max-length", str(RUN["max_length"]), "--json", str(path)]
+    subprocess.run([sys.executable, "-m", "demo_core", "compare", *arguments], cwd=REPO, check=True,
+                   capture_output=True, timeout=300)
+    return [result["losses"] for result in json.loads(path.read_text())["results"]]
+
+
+def test_a_run_beside_probes_preflight_checks_and_model_builds_gives_the_clis_losses(cli_losses):
     config = RunConfig(model="tiny-llama", **RUN)
-    quiet = _losses(config)
+    assert _losses(config) == cli_losses
     with busy_neighbours() as done:
         busy = _losses(config)
     assert done, "the neighbours never finished a round while the run trained"
-    assert busy == quiet
+    assert busy == cli_losses
+
+
+def test_compare_at_start_up_beside_other_visitors_gives_the_clis_losses(lab_app, cli_losses, monkeypatch):
+    """The server as it has just started (nothing fitted, the planner's warm-up running) while other visitors ask
+    `/plan` new questions (LoRA ranks nobody asked, so probes run), `/preview` other models and `/history`."""
+    from serving import planner_page
+
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})
+    monkeypatch.setattr(planner_page, "shipped_configs", dict)  # the warm-up plans the default model only: shorter
+    warm_up = planner_page.warm_up_in_background()
+    runner, visitor = (Client(lab_app.demo.local_url, verbose=False) for _ in range(2))
+    job = runner.submit(model="tiny-llama", dataset=RUN["dataset"], samples=RUN["samples"],
+                        collators=",".join(RUN["collators"]), steps=RUN["steps"], batch_size=RUN["batch_size"],
+                        seed=RUN["seed"], max_length=RUN["max_length"], api_name="/compare")
+    asked = []
+    while not job.done():
+        rank = next(_ranks)
+        visitor.predict(model="tiny-llama", batch_size=2, seq_length=128, lora_rank=rank, api_name="/plan")
+        visitor.predict(model=("tiny-qwen2", "tiny-mistral")[rank % 2], samples=8, seed=rank, steps=3, batch_size=4,
+                        max_length=128, api_name="/preview")
+        visitor.predict(api_name="/history")
+        asked.append(rank)
+    document = job.result(timeout=300)
+    warm_up.join(timeout=300)
+    assert asked, "no other visitor's request ran while the run trained"
+    assert [result["losses"] for result in document["results"]] == cli_losses
 
 
 @pytest.fixture(scope="module")
