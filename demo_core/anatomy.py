@@ -124,7 +124,8 @@ def anatomy_doubts(anatomy: dict, steps: int, spread: float) -> list[str]:
     low, high = PLAUSIBLE_BACKWARD_OVER_FORWARD
     if ratio is not None and not low <= ratio <= high:
         doubts.append(f"backward took {ratio:.2f}× the forward, outside the {low:g}–{high:g}× a training step "
-                      f"takes (about 2×): other work stalled one phase; run again")
+                      f"usually takes (about 2×): other work stalled one phase (run again), or the forward does "
+                      f"work its backward does not repeat (varlen's mask check on long examples)")
     return doubts
 
 

@@ -6,29 +6,27 @@ examples, epoch after epoch; the longest examples together for a length-grouped 
 together; the packed rows for best-fit-decreasing), each in the collator's layout (padded B x L, one packed row, one
 naive row whose attention sees the whole row).
 
-Two things a CPU process holds beyond the estimate's live tensors are added:
+What the device holds beyond the estimate's live tensors:
 - varlen attention checks the model's mask on every pair of tokens inside each segment, once per forward
-  (attention.infer_pattern): booleans and index tensors, 11-16 bytes per pair measured (a naive-concat row of 8k
-  tokens, a row of 8 packed examples), alive while the first attention layer runs. For a naive-concat row every
-  token pair is inside its one segment: 43,700 tokens (8 examples of ~5.4k) need 30 GB for it, the 19 GB the kernel
-  killed a run at;
-- the allocator keeps what a step frees for the next one, and short-lived buffers of the forward are in no category:
-  a CPU process grew by 1.1-1.9x the estimated step tensors (tiny-llama, 8k tokens per step, varlen and sdpa), so on
-  a CPU a step's tensors count twice.
-
-How the collators add up depends on how they run (engine.takes_turns):
-- on a CPU their bursts take turns in threads, so every collator's model, optimizer state and Trainer stay alive
-  while one of them steps: run peak = sum of what each holds between steps (weights + optimizer state) + the largest
-  step peak above that;
-- on a GPU they run one after another and each frees its memory: run peak = the largest burst peak.
-Free memory: a CPU's available RAM (psutil, what the kernel can hand out without swapping), a GPU's free memory
-after the CUDA context (`torch.cuda.mem_get_info`, which starts the context when it reads).
+  (attention.infer_pattern): booleans and index tensors, 13 bytes per pair measured in a forward (rows of 8 padded
+  or packed examples of 2k tokens; a naive-concat row of 8k: 11), counted as 16, alive while the first attention
+  layer runs. For a naive-concat row every token pair is inside its one segment: 43,700 tokens (8 examples of
+  ~5.4k) need 30 GB for it, the 19 GB at which the kernel killed such a run;
+- on a CPU a burst's thread keeps the heap its step used (glibc's per-thread arenas hand freed blocks back to the
+  same thread, not to the system), so every collator's step tensors stay resident through the run, and its mask
+  check comes on top of them; plus a fixed allowance for what a run adds besides (Trainer, the profiler's first
+  window, allocator slack): a run grew by 0.1-0.5 GB beyond its estimated tensors at up to 8k tokens per step.
+  Measured against this: padded and flatten on 8 examples of ~5.4k tokens (max length 8,192) grew the process by
+  5.7 GB, predicted 7.9 GB; a naive-concat row of 16k tokens grew it by 2.9 GB, predicted 5.1 GB.
+On a GPU the caching allocator reuses what a step freed, and the bursts run one after another, each freeing its
+memory: run peak = the largest burst's peak (its tensors, or its held weights and optimizer state plus the mask
+check, whichever is larger). Free memory: a CPU's available RAM (psutil, what the kernel can hand out without
+swapping), a GPU's free memory after the CUDA context (`torch.cuda.mem_get_info`, which starts the context).
 
 A refusal says the prediction, what it is made of, and the largest max length and batch size that fit (searched on
-the same prediction). The estimate covers live tensors; a CPU process also keeps allocator slack and short-lived
-buffers no estimate lists, so a run near the limit can still run out: an allocation that fails mid-burst ends that
-collator's burst as a partial result with the reason (`is_out_of_memory`, burst.py), never as a traceback. The kernel
-may kill a process instead of failing its allocation; refusing up front is what prevents that.
+the same prediction). It is an estimate, and a run near the limit can still run out: an allocation that fails
+mid-burst ends that collator's burst as a partial result with the reason (`is_out_of_memory`, burst.py), never as a
+traceback. The kernel may kill a process instead of failing its allocation; refusing up front is what prevents that.
 """
 
 from __future__ import annotations
@@ -50,8 +48,8 @@ if TYPE_CHECKING:
     from .burst import BurstSettings
     from .engine import Prepared
 
-MASK_CHECK_BYTES_PER_PAIR = 16  # attention.infer_pattern, per token pair inside a segment (measured 11-16)
-CPU_BYTES_PER_STEP_BYTE = 2.0  # resident bytes per estimated step tensor byte on a CPU (measured 1.1-1.9)
+MASK_CHECK_BYTES_PER_PAIR = 16  # attention.infer_pattern, per token pair inside a segment (measured 11-13)
+CPU_RUN_ALLOWANCE_BYTES = 500_000_000  # what a CPU run adds beyond its tensors (measured 0.1-0.5 GB)
 # Batches of a collator whose estimate is computed: the worst by each cost that can set a peak (token slots for the
 # linear parts, the quadratic score/mask term, the longest example for the varlen kernel's buckets).
 _CANDIDATES_PER_COLLATOR = 3
@@ -148,13 +146,21 @@ def _worst_candidates(spec: CollatorSpec, batches: list[list[int]]) -> list[list
 @dataclasses.dataclass(frozen=True)
 class CollatorMemory:
     collator: str
-    peak_bytes: int  # its step peak at its worst batch of the run, as the device holds it
+    peak_bytes: int  # its burst's peak alone at its worst batch of the run, as the device holds it
     held_bytes: int  # what its burst keeps between steps: weights and optimizer state
     tensor_peak_bytes: int  # the estimate's peak of live tensors at that batch (memory_estimate.py)
     mask_check_bytes: int  # varlen's mask-pattern check at that batch (0 on other attention paths)
     worst_batch_examples: int
     worst_batch_tokens: int  # real tokens of that batch
     worst_batch_slots: int  # positions the model computes on (padded B x L, else the tokens)
+
+
+def burst_peak(device: str, tensor_peak_bytes: int, held_bytes: int, mask_check_bytes: int) -> int:
+    """A burst's peak on its own: on a CPU its thread keeps its step's heap when the next forward's mask check runs;
+    a GPU's caching allocator reuses it, and the check runs before the step's activations pile up."""
+    if device == "cpu":
+        return tensor_peak_bytes + mask_check_bytes
+    return max(tensor_peak_bytes, held_bytes + mask_check_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +175,7 @@ class RunMemory:
 
     @property
     def predicted_peak_bytes(self) -> int:
-        return combined_peak(self.collators, self.together)
+        return combined_peak(self.collators, self.device)
 
     @property
     def fits(self) -> bool | None:
@@ -181,12 +187,15 @@ class RunMemory:
                 "collators": [dataclasses.asdict(c) for c in self.collators]}
 
 
-def combined_peak(collators: Sequence[CollatorMemory], together: bool) -> int:
+def combined_peak(collators: Sequence[CollatorMemory], device: str) -> int:
+    """The run's peak: on a CPU every burst's step tensors stay resident (their threads take turns, and each keeps
+    its heap), with the largest mask check on top and the run's allowance; on a GPU the largest burst."""
     if not collators:
         return 0
-    if not together:
-        return max(c.peak_bytes for c in collators)
-    return sum(c.held_bytes for c in collators) + max(c.peak_bytes - c.held_bytes for c in collators)
+    if device == "cpu":
+        return (sum(c.tensor_peak_bytes for c in collators) + max(c.mask_check_bytes for c in collators)
+                + CPU_RUN_ALLOWANCE_BYTES)
+    return max(c.peak_bytes for c in collators)
 
 
 def _processes_sharing_memory(device: str) -> int:
@@ -197,7 +206,6 @@ def _processes_sharing_memory(device: str) -> int:
 def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max_length: int) -> CollatorMemory:
     """One collator's worst step of the run (the largest of its candidate batches) as the device holds it."""
     settings = burst_memory_settings(spec, prepared.attention, prepared.burst_settings())
-    slack = CPU_BYTES_PER_STEP_BYTE if prepared.device == "cpu" else 1.0
     sharing = _processes_sharing_memory(prepared.device)
     worst = None
     for lengths in _worst_candidates(spec, step_lengths(prepared, spec, batch_size, max_length)):
@@ -205,10 +213,9 @@ def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max
         estimate = memory_estimate.estimate_memory_detail(prepared.source.config, shape, settings)
         held = estimate.categories["weights"] + estimate.categories["optimizer"]
         check = mask_check_bytes(shape) if prepared.attention == VARLEN else 0
-        # The mask check runs at the first attention layer, before the step's activations pile up.
-        peak = held + max(slack * (estimate.peak_bytes - held), check)
-        memory = CollatorMemory(spec.name, int(peak) * sharing, held * sharing, estimate.peak_bytes, check,
-                                len(lengths), sum(lengths), shape.token_slots)
+        memory = CollatorMemory(spec.name, burst_peak(prepared.device, estimate.peak_bytes, held, check) * sharing,
+                                held * sharing, estimate.peak_bytes * sharing, check * sharing, len(lengths),
+                                sum(lengths), shape.token_slots)
         if worst is None or memory.peak_bytes > worst.peak_bytes:
             worst = memory
     return worst
@@ -267,10 +274,12 @@ def refusal(prepared: Prepared, memory: RunMemory) -> str:
     parts = [f"this run needs about {_gb(memory.predicted_peak_bytes)} at its peak (estimated), more than the "
              f"{_gb(memory.available_bytes)} {where}: {biggest.collator}'s largest step "
              f"({biggest.worst_batch_examples} examples, {biggest.worst_batch_slots:,} token slots) needs "
-             f"{_gb(biggest.peak_bytes)}"]
+             f"{_gb(biggest.peak_bytes)}"
+             + (", most of it for varlen attention's check of the model's mask over every token pair of a segment "
+                "(a naive-concat row is one segment)" if biggest.mask_check_bytes > biggest.tensor_peak_bytes else "")]
     if memory.together:
-        parts.append(f"on a CPU the {len(memory.collators)} collators take turns, so all their models and optimizer "
-                     f"states stay in memory together")
+        parts.append(f"on a CPU the {len(memory.collators)} collators take turns, so all their models, optimizer "
+                     f"states and step memory stay resident together")
     largest = largest_settings(prepared, memory.available_bytes)
     fixes = []
     if largest["max_length"] is not None:
@@ -278,7 +287,7 @@ def refusal(prepared: Prepared, memory: RunMemory) -> str:
     if largest["batch_size"] is not None:
         fixes.append(f"batch size {largest['batch_size']} (at max length {config.max_length:,})")
     others = [c for c in memory.collators if c is not biggest]
-    if others and combined_peak(others, memory.together and len(others) > 1) <= memory.available_bytes:
+    if others and combined_peak(others, memory.device) <= memory.available_bytes:
         fixes.append(f"the same run without {biggest.collator}")
     parts.append("what fits: " + ", or ".join(fixes) if fixes else
                  "even batch size 1 at the shortest max length does not fit: the model's weights and optimizer "

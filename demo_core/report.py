@@ -51,7 +51,8 @@ class Column:
 
 # What each comparison flag (results.compare) means, in words.
 FLAG_WORDS = {
-    "few-timed-steps": "fewer than 3 timed steps (step 1 is warm-up, step 2 is profiled): no speedup; run more steps",
+    "few-timed-steps": "fewer than 3 timed steps (step 1 is warm-up, profiled steps are left out): no speedup; run more "
+                       "steps",
     "above-ideal": "more than 10% above every ideal: more likely other work slowed the padded steps than a real gain",
     "noisy": "the steps disagree (range wider than 25% of the speedup): other work on the machine; run again",
     "other-batches": "other batches than padded (packed rows or length grouping): not a like-for-like comparison",
@@ -246,9 +247,10 @@ def _gap_sentence(padded: dict, result: dict) -> str:
 
     scaling_share = part(before, SCALES_WITH_SLOTS) / before["step_s"]
     scaling_s = (part(before, SCALES_WITH_SLOTS), part(after, SCALES_WITH_SLOTS))
-    steps = ", ".join(str(step) for step in _profiled(padded))
-    sentence = (f"**{result['collator']}** on profiled steps {steps} (median; slots ideal for those batches "
-                f"{batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was matmul, normalization and element-wise "
+    steps = _profiled(padded)
+    which = (f"profiled steps {', '.join(map(str, steps))} (median; slots ideal for those batches" if len(steps) > 1
+             else f"profiled step {steps[0]} (slots ideal for that batch")
+    sentence = (f"**{result['collator']}** on {which} {batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was matmul, normalization and element-wise "
                 f"work, which scales with padded slots; it ran {times_words(*scaling_s)}. The other "
                 f"{1 - scaling_share:.0%} (attention per example, optimizer, data, Python between operators) does not "
                 f"scale with padding; it ran "
