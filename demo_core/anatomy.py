@@ -133,8 +133,9 @@ def robust_anatomy(anatomies: list[dict]) -> dict:
     """The `time_anatomy` of a burst: the centre of its profiled steps' anatomies (one per step, in order), with
     `profiled_steps` (how many), `share_spread` and `doubts`."""
     step_s = statistics.median(a["step_s"] for a in anatomies)
-    centre = {"step_s": step_s, **{part: {name: share * step_s for name, share in _median_shares(anatomies, part).items()}
-                                   for part in ("phases", "ops")}}
+    centre = {"step_s": step_s}
+    for part in ("phases", "ops"):
+        centre[part] = {name: share * step_s for name, share in _median_shares(anatomies, part).items()}
     spread = share_spread(anatomies)
     return {**centre, "profiled_steps": len(anatomies), "share_spread": spread,
             "doubts": anatomy_doubts(centre, len(anatomies), spread)}

@@ -79,7 +79,8 @@ def available_bytes(device: str) -> int:
 def mask_check_bytes(step: memory_estimate.StepShape) -> int:
     """What varlen's check of the model's mask pattern holds for one forward of `step` (attention.infer_pattern):
     every token pair of each bucket of similar-length segments, padded to the bucket's longest."""
-    return MASK_CHECK_BYTES_PER_PAIR * sum(n * length * length for n, length in bucket_shapes(step.attention_segments()))
+    pairs = sum(n * length * length for n, length in bucket_shapes(step.attention_segments()))
+    return MASK_CHECK_BYTES_PER_PAIR * pairs
 
 
 def step_shape(spec: CollatorSpec, lengths: Sequence[int]) -> memory_estimate.StepShape:

@@ -51,8 +51,8 @@ class Column:
 
 # What each comparison flag (results.compare) means, in words.
 FLAG_WORDS = {
-    "few-timed-steps": "fewer than 3 timed steps (step 1 is warm-up, profiled steps are left out): no speedup; run more "
-                       "steps",
+    "few-timed-steps": ("fewer than 3 timed steps (step 1 is warm-up, profiled steps are left out): no speedup; run "
+                        "more steps"),
     "above-ideal": "more than 10% above every ideal: more likely other work slowed the padded steps than a real gain",
     "noisy": "the steps disagree (range wider than 25% of the speedup): other work on the machine; run again",
     "other-batches": "other batches than padded (packed rows or length grouping): not a like-for-like comparison",
@@ -250,10 +250,10 @@ def _gap_sentence(padded: dict, result: dict) -> str:
     steps = _profiled(padded)
     which = (f"profiled steps {', '.join(map(str, steps))} (median; slots ideal for those batches" if len(steps) > 1
              else f"profiled step {steps[0]} (slots ideal for that batch")
-    sentence = (f"**{result['collator']}** on {which} {batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was matmul, normalization and element-wise "
-                f"work, which scales with padded slots; it ran {times_words(*scaling_s)}. The other "
-                f"{1 - scaling_share:.0%} (attention per example, optimizer, data, Python between operators) does not "
-                f"scale with padding; it ran "
+    sentence = (f"**{result['collator']}** on {which} {batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was "
+                f"matmul, normalization and element-wise work, which scales with padded slots; it ran "
+                f"{times_words(*scaling_s)}. The other {1 - scaling_share:.0%} (attention per example, optimizer, "
+                f"data, Python between operators) does not scale with padding; it ran "
                 f"{times_words(part(before, DOES_NOT_SCALE), part(after, DOES_NOT_SCALE))}. The step: "
                 f"{times_words(before['step_s'], after['step_s'])}.")
     beyond = max(scaling_s[0] / max(scaling_s[1], 1e-12), before["step_s"] / after["step_s"])
@@ -374,8 +374,8 @@ def format_report(document: dict) -> str:
     for part in ("phases", "ops"):
         anatomy = anatomy_rows(document, part)
         if len(anatomy) > 1:
-            lines += ["", f"time anatomy of the profiled steps (median), by {'phase' if part == 'phases' else 'operation'} "
-                          "(ms)", text_table(anatomy)]
+            by = "phase" if part == "phases" else "operation"
+            lines += ["", f"time anatomy of the profiled steps (median), by {by} (ms)", text_table(anatomy)]
     lines += [f"  {line}" for line in anatomy_doubt_lines(document)]
     gaps = _gap_sentences(document)
     lines += ["", *(gap.replace("**", "") for gap in gaps)] if gaps else []

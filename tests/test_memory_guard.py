@@ -28,7 +28,8 @@ def test_a_run_that_cannot_fit_is_refused_before_it_trains_with_the_estimate_and
     assert cli.main(SMALL_ARGUMENTS) == 2
     error = capsys.readouterr().err
     assert len(error.strip().splitlines()) == 1 and "Traceback" not in error
-    assert error.startswith("error: this run needs about ") and f"more than the {FREE_BYTES / 1e9:.1f} GB this machine has available" in error
+    assert error.startswith("error: this run needs about ")
+    assert f"more than the {FREE_BYTES / 1e9:.1f} GB this machine has available" in error
     assert "the 2 collators take turns" in error
     # The largest max length it names fits, and one token more does not.
     longest = int(re.search(r"max length ([\d,]+) \(at batch size 4\)", error)[1].replace(",", ""))
