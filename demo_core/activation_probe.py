@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import os
 import threading
 from typing import Any
 
@@ -411,6 +412,14 @@ def _targets_of(totals: dict[tuple, int], layer_counts: list[int]) -> dict[str, 
 
 _FIT_CACHE: dict[tuple, ActivationFit] = {}
 _FIT_LOCK = threading.Lock()
+
+
+def _free_fit_lock_in_child() -> None:  # a fit running in another thread at a fork is not running in the child
+    global _FIT_LOCK
+    _FIT_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_fit_lock_in_child)
 
 
 def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:

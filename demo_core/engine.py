@@ -237,8 +237,8 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
 def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: BurstSettings,
                               progress: ProgressFn | None, stop_event: threading.Event | None,
                               turns: Turns | None = None) -> Result:
-    """A burst that runs out of memory before its training starts (building the model, moving it to the device)
-    becomes a user message; the memory is released for the next run. Running out while it trains ends the burst as a
+    """A burst that runs out of memory outside its training steps (building the model, moving it to the device)
+    becomes a user message; the memory is released for the next run. Running out in a step ends the burst as a
     partial result instead (burst.py)."""
     try:
         return run_burst(prepared.source, prepared.rows, spec, prepared.attention, settings, progress, stop_event,
@@ -246,11 +246,12 @@ def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: 
     except (RuntimeError, MemoryError) as error:
         if not memory_guard.is_out_of_memory(error):
             raise
+        where = "GPU memory" if isinstance(error, torch.OutOfMemoryError) else "memory"
         # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
     release_memory()
     raise DemoInputError(
-        f"out of {'GPU ' if settings.device == 'cuda' else ''}memory while preparing {spec.name!r} (batch size "
-        f"{settings.batch_size}, max length {settings.max_length}, {prepared.config.model}): try a smaller model"
+        f"out of {where} while training {spec.name!r} (batch size {settings.batch_size}, max length "
+        f"{settings.max_length}, {prepared.config.model}): try a smaller batch size or max length"
     )
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import threading
 from typing import Any, Iterator
@@ -87,6 +88,17 @@ class FairLock:
 
 
 PROCESS_STATE_LOCK = FairLock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (ZeroGPU's worker is forked from the server) has only the thread that forked: a holder in any
+    other thread is gone, so the lock starts free; and a holder may have been mid-build, with transformers' build
+    dtype as the default, so the default goes back to torch's own."""
+    PROCESS_STATE_LOCK.__init__()
+    torch.set_default_dtype(torch.float32)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclasses.dataclass

@@ -1,15 +1,18 @@
 """A run's numbers never depend on what else the process is doing (demo_core/isolation.py).
 
-A server runs other work beside a run: the planner's activation probes (its start-up warm-up, any visitor's `/plan`),
-pre-flight checks and model builds for previews, contamination checks, and changes of intra-op threads. Every one
-of them used to seed, draw from or restore torch's process-wide generator from its own thread, and a run drew its
-initial weights (and dropout masks) from that same generator. Here those neighbours run in threads, as hard as they
+A server runs other work beside a run: the planner's activation probes (its start-up warm-up, any visitor's `/plan`)
+and meta-device builds (in a config's own dtype), pre-flight checks and model builds for previews, contamination
+checks, and changes of intra-op threads. Every one of them used to seed, draw from or restore torch's process-wide
+generator, or set its default dtype, from its own thread, and a run drew its initial weights (and dropout masks)
+from that same generator and made tensors in that default dtype. Here those neighbours run in threads, as hard as they
 can, while a run trains; its losses must equal a quiet run's bit for bit.
 """
 
 import contextlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,11 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 from gradio_client import Client
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
 from demo_core import RunConfig, activation_probe, run_comparison
 from demo_core.activation_probe import ProbeSpec, activation_fit
 from demo_core.contamination import contamination_check
+from demo_core.isolation import exclusive
+from demo_core.memory_estimate import param_facts
 from demo_core.models import byte_tokenizer, load_model_source
 from demo_core.preflight import measure_packing
 
@@ -37,6 +42,9 @@ def _neighbour_work(stop: threading.Event, done: list) -> None:
     source = load_model_source("tiny-qwen2")
     examples = [[5, 6, 7, 8, 9], [10, 11, 12]]
     while not stop.is_set():
+        # The planner counts a real model's parameters on the meta device, in its config's dtype (often fp16).
+        param_facts(LlamaConfig(vocab_size=1000 + next(_ranks), hidden_size=64, intermediate_size=128,
+                                num_hidden_layers=2, num_attention_heads=4, dtype="float16"))
         activation_fit(source.config, ProbeSpec("packed", True, "fp32", "sdpa", False, lora_rank=next(_ranks)))
         measure_packing(source, "sdpa", "cpu", ("packed", "padded"), seed=next(_ranks))
         source.build("eager", seed=next(_ranks))
@@ -133,3 +141,34 @@ def test_a_model_with_dropout_draws_the_same_masks_beside_other_work(gpt2_with_d
     assert busy == quiet
     again = _losses(config)
     assert again == quiet
+
+
+def test_a_worker_forked_while_another_thread_holds_the_state_can_take_it():
+    """ZeroGPU forks the server to train: a probe that holds the process state in another thread at that moment (in
+    the middle of a half-precision build) must leave the child neither waiting forever nor in its dtype."""
+    held, release = threading.Event(), threading.Event()
+
+    def probe() -> None:
+        with exclusive(seed=3):
+            torch.set_default_dtype(torch.float16)  # as transformers does while it builds a half-precision model
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    held.wait()
+    try:
+        child = os.fork()
+        if child == 0:  # the worker: only this thread exists here
+            # a lock still held would wait forever: SIGALRM's default action ends the child with a failure instead
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(20)
+            with exclusive(seed=0):
+                ok = torch.get_default_dtype() == torch.float32
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(child, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert torch.get_default_dtype() == torch.float32  # the probe left the parent's state as it found it
