@@ -228,7 +228,7 @@ class Comparison:
                     None)
 
     def to_dict(self) -> dict:
-        document = {
+        return {
             "config": self.config,
             "dataset_stats": self.dataset_stats,
             "results": [result.to_dict() for result in self.results],
@@ -239,10 +239,8 @@ class Comparison:
             "environment": self.environment,
             "partial": self.partial,
             "memory_guard": self.memory_guard,
+            "stop_reason": self.stop_reason,  # the engine's own; a Stop or a time budget the app adds (serving/gpu.py)
         }
-        if self.stop_reason is not None:  # a Stop or a time budget is the app's to add (serving/gpu.py)
-            document["stop_reason"] = self.stop_reason
-        return document
 
 
 def write_json(document: dict, path: str | os.PathLike) -> None:
