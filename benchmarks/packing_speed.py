@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         for dataset in args.datasets.split(","):
             examples = data.load(dataset, source.tokenizer, args.steps * args.batch_size, args.seed,
                                  args.max_length).examples
-            ideal = ideal_speedup(examples, args.batch_size, args.steps, profiled_step=None)  # no step profiled
+            ideal = ideal_speedup(examples, args.batch_size, args.steps, profiled=[])  # no step profiled
             for attention in args.attentions.split(","):
                 works, why = capability(source.config, attention, device)
                 if not works:

@@ -28,6 +28,7 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import os
 import threading
 from typing import Any
 
@@ -39,6 +40,7 @@ from transformers import (AttentionInterface, AutoModelForCausalLM, AutoModelFor
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.auto import modeling_auto
 
+from .isolation import exclusive
 from .lora import apply_lora
 from .memory_measure import storage_key
 from .precision import PRECISIONS
@@ -329,8 +331,7 @@ def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> 
     small = _probe_config(config, widths)
     # a half base (LoRA over weights loaded in bf16/fp16) stores 2 bytes a weight like pure bf16
     dtype = torch.bfloat16 if spec.half_weights else PRECISIONS[spec.precision].weight_dtype
-    with torch.random.fork_rng(devices=[]):  # the probe must not move the caller's random stream
-        torch.manual_seed(0)
+    with exclusive(seed=0):  # the same weights at every call, and no one else's random stream or dtype moved
         model = model_class_for(config).from_config(small, attn_implementation=spec.attention, dtype=dtype)
     model.train()
     if spec.fused_lm_head:
@@ -546,21 +547,30 @@ _FIT_CACHE: dict[tuple, ActivationFit] = {}
 _FIT_LOCK = threading.Lock()
 
 
+def _free_fit_lock_in_child() -> None:  # a fit running in another thread at a fork is not running in the child
+    global _FIT_LOCK
+    _FIT_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_fit_lock_in_child)
+
+
 def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
     """The fitted saved-activation bytes of `config`'s model under `spec` (cached per config and spec).
 
     One fit at a time, on one intra-op thread: the probe's ops are tiny, and handing each to OpenMP's pool costs
     milliseconds on a busy machine (measured on 2 busy cores: 1.0 s per fit with 2 threads, 0.12 s with one).
+    A fit holds the process's torch state (isolation.exclusive): its models' weights and dropout masks are its own,
+    and a run training meanwhile never sees its seeds, its dtype or its thread count. The process state is taken
+    before `_FIT_LOCK`, always in that order.
     """
     key = (type(config).__name__, config.to_json_string(use_diff=False), spec)
     with _FIT_LOCK:
+        if key in _FIT_CACHE:
+            return _FIT_CACHE[key]
+    with exclusive(seed=0, threads=1), _FIT_LOCK:
         if key not in _FIT_CACHE:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                _FIT_CACHE[key] = _fit(config, spec)
-            finally:
-                torch.set_num_threads(threads)
+            _FIT_CACHE[key] = _fit(config, spec)
         return _FIT_CACHE[key]
 
 

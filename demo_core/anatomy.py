@@ -21,10 +21,18 @@ anatomy" (tensor contractions, statistical normalizations, element-wise operator
 A backward node counts in the class of the forward operator that created it (matched by the autograd sequence number),
 so an RMS norm's backward is normalization, although it runs multiplies and sums.
 
-The profiled step is step `PROFILED_STEP`: the first after the warm-up step, so every burst that trains past the
-warm-up has an anatomy. The profiler slows a step (it records every operator: 10-40% on a tiny CPU model), so this
-step is left out of the throughput: `Result.timed_step_indices`. The anatomy's `step_s` is the profiled step's own
-wall time, profiler included; its shares, not its seconds, are what compare across collators.
+Profiled steps (`profiled_steps`): step 2, the first after the warm-up step, so every burst that trains past the
+warm-up has an anatomy, then every `PROFILE_EVERY`-th step, up to `MAX_PROFILED_STEPS`, as long as at least
+MIN_TIMED_STEPS steps stay timed. Every burst profiles the same step numbers, so on a CPU, where the bursts take
+turns step by step, the collators' profiled steps alternate like their timed steps and sample the same load. The
+profiler slows a step (it records every operator: 10-40% on a tiny CPU model), so profiled steps are left out of
+the throughput (`Result.timed_step_indices`).
+
+A burst's `time_anatomy` is the centre of its profiled steps (`robust_anatomy`): per phase and per operation class
+the median of its share of the step, the shares scaled to add up to one, in seconds of the median profiled step
+(profiler included: compare shares, not seconds). One step descheduled by other work on the machine moves a median
+of three or five little; `doubts` says in words when the centre still cannot be trusted (the steps disagree, the
+backward / forward ratio is outside what a training step does, a single profiled step).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import statistics
 import threading
 import time
 from typing import Callable
@@ -41,15 +50,37 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import TrainerCallback
 
+from .timing import MIN_TIMED_STEPS
+
 # Kineto prints two "USDT ... profiler_start/stop" lines to stderr per profile unless its log level is above them
 # (read when the profiler first starts); they would land in the CLI's output.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 logger = logging.getLogger(__name__)
 
-PROFILED_STEP = 2  # step 1 is the warm-up; the profiled step is the next one
+FIRST_PROFILED_STEP = 2  # step 1 is the warm-up; the first profiled step is the next one
+PROFILE_EVERY = 4  # then steps 6, 10, 14, 18: spread over the burst, three timed steps between two profiled ones
+MAX_PROFILED_STEPS = 5  # a median of five shrugs off two steps slowed by other work
 PHASES = ("forward", "backward", "optimizer", "data", "other")
 OP_CLASSES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "data", "other")
+# When the centre cannot be trusted. A share's median absolute deviation over the profiled steps above this: the
+# steps disagree by more than the ±0.10 two identical runs are held to (docs/RESULTS.md). And the backward / forward
+# ratios a training step can have: about 2 for full training (the anatomy page: two matmuls per forward one), down
+# to about 1 when weights are frozen (only input gradients) and up to 3 with gradient checkpointing (the forward
+# again); tiny CPU models measured 1.2-1.7 on an idle machine. Outside the band, other work stalled one phase.
+SPREAD_DOUBT = 0.05
+PLAUSIBLE_BACKWARD_OVER_FORWARD = (0.75, 4.0)
+
+
+def profiled_steps(steps: int) -> list[int]:
+    """The 1-based steps a burst of `steps` steps profiles (see the module docstring)."""
+    chosen: list[int] = []
+    for step in range(FIRST_PROFILED_STEP, steps + 1, PROFILE_EVERY):
+        timed_left = steps - 1 - (len(chosen) + 1)
+        if len(chosen) == MAX_PROFILED_STEPS or (chosen and timed_left < MIN_TIMED_STEPS):
+            break
+        chosen.append(step)
+    return chosen
 
 
 def backward_over_forward(anatomy: dict) -> float | None:
@@ -57,6 +88,57 @@ def backward_over_forward(anatomy: dict) -> float | None:
     about 2)."""
     forward = anatomy["phases"]["forward"]
     return anatomy["phases"]["backward"] / forward if forward else None
+
+
+def _shares(anatomy: dict, part: str) -> dict[str, float]:
+    return {name: seconds / anatomy["step_s"] for name, seconds in anatomy[part].items()}
+
+
+def _median_shares(anatomies: list[dict], part: str) -> dict[str, float]:
+    """Per name, the median of its share over the steps, scaled so that the medians add up to one."""
+    medians = {name: statistics.median(_shares(a, part)[name] for a in anatomies) for name in anatomies[0][part]}
+    total = sum(medians.values()) or 1.0
+    return {name: share / total for name, share in medians.items()}
+
+
+def share_spread(anatomies: list[dict]) -> float:
+    """The largest median absolute deviation of a phase's or operation class's share over the profiled steps."""
+    spreads = [0.0]
+    for part in ("phases", "ops"):
+        centre = {name: statistics.median(_shares(a, part)[name] for a in anatomies) for name in anatomies[0][part]}
+        spreads += [statistics.median(abs(_shares(a, part)[name] - share) for a in anatomies)
+                    for name, share in centre.items()]
+    return max(spreads)
+
+
+def anatomy_doubts(anatomy: dict, steps: int, spread: float) -> list[str]:
+    """Why a centre of `steps` profiled steps should not be taken at face value, in words (empty: no doubt)."""
+    doubts = []
+    if steps == 1:
+        doubts.append("one profiled step: how much its shares vary cannot be seen (a burst of 6 steps or more "
+                      "profiles a second)")
+    elif spread > SPREAD_DOUBT:
+        doubts.append(f"the {steps} profiled steps disagree (a share varies by ±{spread:.2f} of the step from one "
+                      f"to the next): other work on the machine; run again")
+    ratio = backward_over_forward(anatomy)
+    low, high = PLAUSIBLE_BACKWARD_OVER_FORWARD
+    if ratio is not None and not low <= ratio <= high:
+        doubts.append(f"backward took {ratio:.2f}× the forward, outside the {low:g}–{high:g}× a training step "
+                      f"usually takes (about 2×): other work stalled one phase (run again), or the forward does "
+                      f"work its backward does not repeat (varlen's mask check on long examples)")
+    return doubts
+
+
+def robust_anatomy(anatomies: list[dict]) -> dict:
+    """The `time_anatomy` of a burst: the centre of its profiled steps' anatomies (one per step, in order), with
+    `profiled_steps` (how many), `share_spread` and `doubts`."""
+    step_s = statistics.median(a["step_s"] for a in anatomies)
+    centre = {"step_s": step_s}
+    for part in ("phases", "ops"):
+        centre[part] = {name: share * step_s for name, share in _median_shares(anatomies, part).items()}
+    spread = share_spread(anatomies)
+    return {**centre, "profiled_steps": len(anatomies), "share_spread": spread,
+            "doubts": anatomy_doubts(centre, len(anatomies), spread)}
 
 _profiler_initialized = False
 
@@ -165,23 +247,33 @@ class _ModuleRanges:
 
 
 class StepProfiler:
-    """Profiles step `PROFILED_STEP` of a burst and keeps its anatomy in `self.anatomy` (None until then).
+    """Profiles the steps `steps_to_profile` (1-based) of a burst and keeps each one's anatomy in `step_anatomies`
+    (in step order); `anatomy` is their centre (`robust_anatomy`), None until a step was profiled.
 
-    Two callbacks, because the window must open after this burst's turn came back and close before it is handed on
+    Two callbacks, because each window must open after this burst's turn came back and close before it is handed on
     (timing.TurnTaking waits in between): `closer` (added before the turn-taking callback) marks the phases and ends
     the window at the profiled step's end; `opener` (added after it) starts the profiler at the previous step's end.
     On CUDA each mark synchronises first, so a phase is the device's time, not the time to queue its kernels.
     """
 
-    def __init__(self, model: torch.nn.Module, device: str):
-        self.model, self.device = model, device
-        self.anatomy: dict | None = None
+    def __init__(self, model: torch.nn.Module, device: str, steps_to_profile: list[int]):
+        self.model, self.device, self.steps_to_profile = model, device, set(steps_to_profile)
+        self.step_anatomies: list[dict] = []
+        self.profiled: list[int] = []  # the steps in `step_anatomies`
         self._profiler: profile | None = None
         self._ranges: _ModuleRanges | None = None
         self._hooks: list = []
         self._started_s = 0.0
         self._backward_started = False
         self.opener, self.closer = _Opener(self), _Closer(self)
+
+    @property
+    def anatomy(self) -> dict | None:
+        return robust_anatomy(self.step_anatomies) if self.step_anatomies else None
+
+    @property
+    def profiling(self) -> bool:
+        return self._profiler is not None
 
     def mark(self, name: str) -> None:
         if self.device == "cuda":
@@ -217,7 +309,7 @@ class StepProfiler:
         self._hooks = [self.model.register_forward_pre_hook(lambda *_: self.mark("forward_start")),
                        self.model.register_forward_hook(self._mark_forward_end)]
 
-    def close(self) -> None:
+    def close(self, step: int) -> None:
         self.mark("close")
         step_s = time.perf_counter() - self._started_s
         self._remove_hooks()
@@ -226,9 +318,10 @@ class StepProfiler:
         self._profiler = None
         missing = set(MARKS) - {event.name.removeprefix(MARK) for event in events if event.name.startswith(MARK)}
         if missing:  # a model or trainer whose step this module cannot delimit: no anatomy, the run goes on
-            logger.warning("time anatomy skipped: the profiled step had no %s mark", ", ".join(sorted(missing)))
+            logger.warning("time anatomy skipped: profiled step %d had no %s mark", step, ", ".join(sorted(missing)))
             return
-        self.anatomy = anatomy_of_events(events, step_s, self.device == "cuda")
+        self.step_anatomies.append(anatomy_of_events(events, step_s, self.device == "cuda"))
+        self.profiled.append(step)
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:
@@ -251,8 +344,8 @@ class _Opener(TrainerCallback):
     def __init__(self, owner: StepProfiler):
         self.owner = owner
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == PROFILED_STEP - 1 and not control.should_training_stop:
+    def on_step_end(self, args, state, control, **kwargs):  # global_step counts the step that just ended
+        if state.global_step + 1 in self.owner.steps_to_profile and not control.should_training_stop:
             self.owner.open()
 
 
@@ -260,20 +353,17 @@ class _Closer(TrainerCallback):
     def __init__(self, owner: StepProfiler):
         self.owner = owner
 
-    def _profiling(self, state) -> bool:
-        return self.owner._profiler is not None and state.global_step == PROFILED_STEP - 1
-
     def on_step_begin(self, args, state, control, **kwargs):
-        if self._profiling(state):
+        if self.owner.profiling:
             self.owner.mark("step_begin")
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        if self._profiling(state):
+        if self.owner.profiling:
             self.owner.mark("optimizer_end")
 
     def on_step_end(self, args, state, control, **kwargs):  # global_step already counts this step
-        if self.owner._profiler is not None and state.global_step == PROFILED_STEP:
-            self.owner.close()
+        if self.owner.profiling:
+            self.owner.close(state.global_step)
 
 
 # ---- from profiler events to the anatomy ---------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 `StepRecorder` (a TrainerCallback) times each optimizer step between `on_step_begin` and `on_step_end`, after a
 device synchronisation, so the time covers forward, backward and the optimizer step of exactly that batch; the
 collator's own timing covers batch building, which the Trainer does before `on_step_begin`. `anatomy.StepProfiler`
-profiles one step (the time anatomy); with `turns` (timing.Turns) the burst takes turns with other bursts' threads
-at every step end.
+profiles a few steps (the time anatomy). The burst holds the process's torch state with its own random stream
+(isolation.RunStream) from its model build to its end and steps aside at every step end, where, with `turns`
+(timing.Turns), it also takes turns with other bursts' threads. A step that runs out of memory ends the burst as a
+partial result that says so (`stop_reason`), not as a traceback.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from . import memory_estimate, memory_measure
-from .anatomy import PROFILED_STEP, StepProfiler
+from .anatomy import StepProfiler, profiled_steps
 from .collators import BatchStats, CollatorSpec
 from .distributed import merge_ranks
+from .isolation import RunStream
+from .memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
 from .models import ModelSource
 from .results import Result
 from .timing import Turns, TurnTaking
@@ -113,21 +117,10 @@ class MemoryRecorder(TrainerCallback):
 def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, spec: CollatorSpec,
                     attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
     """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
-    lengths = first_batch.lengths
-    if spec.layout == "padded":
-        step = memory_estimate.StepShape.padded(lengths)
-    elif spec.layout == "naive":
-        # One row without position restarts: attention runs over the whole row, as over one unpadded example.
-        step = memory_estimate.StepShape(1, sum(lengths))
-    else:
-        step = memory_estimate.StepShape.packed_row(lengths)
     measured = recorder.measured or {}
-    estimate = memory_estimate.estimate_memory_detail(source.config, step, memory_estimate.TrainingSettings(
-        precision=settings.precision, optimizer=settings.optimizer, attention=attention,
-        gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
-        context_bytes=measured.get("context"),
-        loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
-    ))
+    estimate = memory_estimate.estimate_memory_detail(
+        source.config, step_shape(spec, first_batch.lengths),
+        burst_memory_settings(spec, attention, settings, context_bytes=measured.get("context")))
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
     else:
@@ -142,14 +135,34 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     return report, peak_bytes
 
 
+def _train(trainer: Trainer, profiler: StepProfiler) -> str | None:
+    """Trains; None, or the reason training ended early because memory ran out (the failed step is dropped)."""
+    try:
+        trainer.train()
+        return None
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        reason = out_of_memory_reason(error)
+    # Outside the except block: the traceback, and the tensors its frames hold, can be freed now.
+    profiler.abandon()
+    if trainer.optimizer is not None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+    release_memory()
+    return reason
+
+
 def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecorder, memory_recorder: MemoryRecorder,
                      profiler: StepProfiler, spec: CollatorSpec, attention: str, settings: BurstSettings) -> Result:
-    """Trains, then turns what the callbacks recorded into this rank's `Result`."""
+    """Trains, then turns what the callbacks recorded into this rank's `Result` (partial, with a `stop_reason`, when
+    memory ran out mid-burst)."""
     trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
-    trainer.train()
-    memory_report, peak_memory_bytes = memory_of_burst(source, memory_recorder, recorder.batches[0], spec,
-                                                       attention, settings)
+    out_of_memory = _train(trainer, profiler)
     steps_done = len(recorder.step_times_s)
+    # The batch step 1 trained on, or the one it ran out of memory on (still pending in the collator).
+    first_batch = recorder.batches[0] if recorder.batches else next(iter(recorder.collator.pending_stats), None)
+    memory_report, peak_memory_bytes = ({}, None) if first_batch is None else \
+        memory_of_burst(source, memory_recorder, first_batch, spec, attention, settings)
     work = WorkModel.of(trainer.model)
     return Result(
         collator=spec.name,
@@ -165,11 +178,14 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         step_collate_s=[b.collate_s for b in recorder.batches],
         peak_memory_bytes=peak_memory_bytes,
         memory=memory_report,
-        partial=recorder.stopped_early,
+        partial=recorder.stopped_early or out_of_memory is not None,
         world_size=trainer.args.world_size,
         step_work_flops=[step_flops(work, b.lengths, spec.layout, attention) for b in recorder.batches],
-        profiled_step=PROFILED_STEP if profiler.anatomy is not None else None,
+        profiled_step=profiler.profiled[0] if profiler.profiled else None,
         time_anatomy=profiler.anatomy,
+        profiled_steps=profiler.profiled,
+        step_anatomies=profiler.step_anatomies,
+        stop_reason=out_of_memory,
     )
 
 
@@ -204,6 +220,16 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
 
     With `turns`, the caller holds this burst's turn when it calls, and the burst hands it on at every step end.
     """
+    stream = RunStream(settings.seed, settings.threads)
+    with stream.holding():
+        result = _run_burst(source, rows, spec, attention, settings, progress, stop_event, turns, stream)
+    release_memory()
+    return merge_ranks(result)
+
+
+def _run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, attention: str, settings: BurstSettings,
+               progress: ProgressFn | None, stop_event: threading.Event | None, turns: Turns | None,
+               stream: RunStream) -> Result:
     model = source.build(attention, torch.float32, seed=settings.seed)
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
@@ -213,16 +239,13 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
         trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir, optimizer)
         recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
         memory_recorder = MemoryRecorder(model, settings.device)
-        profiler = StepProfiler(model, settings.device)
-        # Order matters: every measurement of a step closes before the turn is handed on, and the profiled window
-        # opens only once the turn is back (see StepProfiler).
-        for callback in (recorder, memory_recorder, profiler.closer,
-                         *([TurnTaking(turns, spec.name)] if turns is not None else []), profiler.opener):
+        profiler = StepProfiler(model, settings.device, profiled_steps(settings.steps))
+        # Order matters: every measurement of a step closes before the burst steps aside (and hands the turn on),
+        # and a profiled window opens only once both are back (see StepProfiler).
+        for callback in (recorder, memory_recorder, profiler.closer, TurnTaking(turns, spec.name, stream),
+                         profiler.opener):
             trainer.add_callback(callback)
         try:
-            result = train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
+            return train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
         finally:
             profiler.abandon()
-    del trainer, model, optimizer, memory_recorder, profiler
-    release_memory()
-    return merge_ranks(result)

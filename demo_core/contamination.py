@@ -6,8 +6,10 @@ concatenation lets later examples attend to earlier ones and moves logits by O(1
 
 It runs after training, as an illustration: the guarantee itself is the pre-flight check (preflight.py), made before
 anything trains. So this check never fails a finished run: the examples are cut to what the model's positions can
-hold as one naive-concat row, and a model that cannot compute these rows (a hybrid trained padded-only, a row that
-runs out of memory) gives an empty report with a logged reason instead of an error.
+hold as one naive-concat row. When that leaves fewer than two examples (long examples, a short position table, a
+batch of one) there is nothing to mix, and a model that cannot compute these rows (a hybrid trained padded-only, a
+row that runs out of memory) has nothing to show: both come back as "not checked" with the reason, never as a
+clean 0.0 for naive concatenation.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import torch
 
 from .collators import FlattenCollator, NaiveConcatCollator, RecordingCollator
+from .isolation import exclusive
 from .models import ModelSource, max_positions
 
 logger = logging.getLogger(__name__)
@@ -63,13 +66,28 @@ def _rows(source: ModelSource, attention: str, examples: list[list[int]], device
     return rows
 
 
+def why_not_comparable(examples: list[list[int]], fitting: list[list[int]], positions: int | None) -> str | None:
+    """Why `fitting` (the leading examples that fit one row) cannot show contamination, or None when it can."""
+    if len(fitting) >= 2:
+        return None
+    if len(examples) < 2:
+        return "the batch holds a single example, so a packed row has no other example to mix into it"
+    return (f"only the first of {len(examples)} examples fits in the model's {positions:,} positions as one row "
+            f"({len(examples[0]):,} + {len(examples[1]):,} tokens do not), and contamination needs two side by side")
+
+
 def contamination_check(source: ModelSource, attention: str, examples: list[list[int]], device: str,
-                        seed: int) -> list[dict]:
-    """Per example: max |Δlogit| of the flatten and naive-concat rows against the example alone; [] when the model
-    cannot compute these rows (the reason is logged)."""
-    examples = fitting_examples(examples, max_positions(source.config))
+                        seed: int) -> tuple[list[dict], str | None]:
+    """(per example: max |Δlogit| of the flatten and naive-concat rows against the example alone; why not, when
+    nothing was checked). The rows are computed holding the process's torch state (isolation.exclusive)."""
+    positions = max_positions(source.config)
+    fitting = fitting_examples(examples, positions)
+    reason = why_not_comparable(examples, fitting, positions)
+    if reason is not None:
+        return [], reason
     try:
-        return _rows(source, attention, examples, device, seed)
+        with exclusive(seed):
+            return _rows(source, attention, fitting, device, seed), None
     except Exception as error:  # e.g. a hybrid model trained padded-only has no packed row to show
         logger.warning("contamination check skipped: %s: %s", type(error).__name__, error)
-        return []
+        return [], f"the model could not compute these rows ({type(error).__name__}; the server log has the rest)"

@@ -81,8 +81,9 @@ def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str
                 (model, device, precision):
             continue
         for result in document.get("results", []):
-            # the steps throughput counts: not the warm-up, not the profiled step (the profiler slows it)
-            timed = timed_step_indices(len(result["step_times_s"]), result.get("profiled_step"))
+            # the steps throughput counts: not the warm-up, not the profiled steps (the profiler slows them)
+            timed = timed_step_indices(len(result["step_times_s"]),
+                                       result.get("profiled_steps") or result.get("profiled_step"))
             times = [result["step_times_s"][index] for index in timed]
             slots = [result["step_padded_slots"][index] for index in timed]
             if times and sum(slots):

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 import transformers
 
-from . import data, distributed, precision as precisions
-from .anatomy import PROFILED_STEP, initialize_profiler
+from . import data, distributed, memory_guard, precision as precisions
+from .anatomy import initialize_profiler, profiled_steps
 from .attention import capability
 from .burst import BurstSettings, ProgressFn, release_memory, run_burst
 from .collators import CollatorSpec, collator_spec
@@ -66,14 +66,16 @@ def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) ->
 
 
 def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1,
-                  profiled_step: int | None = PROFILED_STEP) -> float:
+                  profiled: list[int] | None = None) -> float:
     """Padded slots / real tokens over the timed steps (all steps when none is timed): the speedup if step time
-    were proportional to slots.
+    were proportional to slots. `profiled`: the 1-based steps left out as profiled (None: the bursts' own,
+    anatomy.profiled_steps).
 
     Under DDP each rank pads only its own batch_size / world_size examples (consecutive shares of the global batch).
     """
     costs = padded_step_costs(examples, batch_size // world_size, steps * world_size)
-    timed = [costs[index * world_size + rank] for index in timed_step_indices(steps, profiled_step)
+    profiled = profiled_steps(steps) if profiled is None else profiled
+    timed = [costs[index * world_size + rank] for index in timed_step_indices(steps, profiled)
              for rank in range(world_size)] or costs
     return sum(slots for _, slots in timed) / sum(real for real, _ in timed)
 
@@ -112,9 +114,11 @@ class Prepared:
             steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
             learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
             device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
+            threads=self.threads,
         )
 
-    def comparison(self, results: list[Result], contamination: list[dict] | None = None) -> Comparison:
+    def comparison(self, results: list[Result], contamination: list[dict] | None = None,
+                   contamination_not_checked: str | None = None, memory: dict | None = None) -> Comparison:
         """The run's document so far: partial while a collator is missing or was stopped mid-burst."""
         return Comparison(
             config={**self.config.to_dict(), "resolved_attention": self.attention, "resolved_device": self.device,
@@ -125,6 +129,8 @@ class Prepared:
             contamination=contamination or [],
             environment=environment(self.device),
             partial=any(result.partial for result in results) or len(results) < len(self.config.collators),
+            contamination_not_checked=contamination_not_checked,
+            memory_guard=memory,
         )
 
 
@@ -214,21 +220,28 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
             "attention_scores_dense_packed": sum(lengths) ** 2,
             "optimizer_steps": config.steps,
         },
+        # The run's predicted peak against the free memory, before Run (memory_guard.py)
+        "memory_guard": memory_guard.preview_memory(prepared).to_dict(),
     }
 
 
 def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: BurstSettings,
                               progress: ProgressFn | None, stop_event: threading.Event | None,
                               turns: Turns | None = None) -> Result:
-    """A burst that runs out of GPU memory becomes a user message; the memory is released for the next run."""
+    """A burst that runs out of memory outside its training steps (building the model, moving it to the device)
+    becomes a user message; the memory is released for the next run. Running out in a step ends the burst as a
+    partial result instead (burst.py)."""
     try:
         return run_burst(prepared.source, prepared.rows, spec, prepared.attention, settings, progress, stop_event,
                          turns)
-    except torch.OutOfMemoryError:
-        pass  # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
+    except (RuntimeError, MemoryError) as error:
+        if not memory_guard.is_out_of_memory(error):
+            raise
+        where = "GPU memory" if isinstance(error, torch.OutOfMemoryError) else "memory"
+        # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
     release_memory()
     raise DemoInputError(
-        f"out of GPU memory while training {spec.name!r} (batch size {settings.batch_size}, max length "
+        f"out of {where} while training {spec.name!r} (batch size {settings.batch_size}, max length "
         f"{settings.max_length}, {prepared.config.model}): try a smaller batch size or max length"
     )
 
@@ -304,20 +317,26 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
     return results
 
 
+NOT_CHECKED_WHEN_PARTIAL = "the run ended before every collator finished; the check runs only after a complete run"
+
+
 def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event: threading.Event | None,
                     on_result: Callable[[Result], None] | None) -> Comparison:
     if stop_event is not None and stop_event.is_set():  # stopped while the run was prepared: no step to take
         return prepared.comparison([])
+    memory = memory_guard.refuse_if_too_big(prepared).to_dict()  # before anything trains
     settings = prepared.burst_settings()
     bursts = _alternating_bursts if takes_turns(prepared.device) and len(prepared.specs) > 1 else _sequential_bursts
     results = bursts(prepared, settings, progress, stop_event, on_result)
     # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a run cut short
     # skips it, so that Stop ends the run promptly. Cut short is what the results say, not the signal: a time budget
     # that runs out after the last step has stopped nothing.
-    finished = prepared.comparison(results)
-    if finished.partial or not distributed.is_main_process():
+    finished = prepared.comparison(results, memory=memory)
+    if not distributed.is_main_process():
         return finished
-    contamination = contamination_check(prepared.source, prepared.attention,
-                                        prepared.examples[: min(prepared.config.batch_size, 8)], prepared.device,
-                                        prepared.config.seed)
-    return prepared.comparison(results, contamination)
+    if finished.partial:
+        return prepared.comparison(results, contamination_not_checked=NOT_CHECKED_WHEN_PARTIAL, memory=memory)
+    rows, not_checked = contamination_check(prepared.source, prepared.attention,
+                                            prepared.examples[: min(prepared.config.batch_size, 8)], prepared.device,
+                                            prepared.config.seed)
+    return prepared.comparison(results, rows, not_checked, memory)

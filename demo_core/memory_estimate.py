@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from . import activation_probe, lora
+from .isolation import exclusive
 from .attention import bucket_shapes
 from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, PER_SEGMENT_ATTENTION
 from .precision import ESTIMATE_PRECISION_NAMES, PRECISIONS
@@ -209,7 +210,9 @@ def param_facts(config: Any) -> ParamFacts:
     """Exact parameter/buffer counts of the model this config builds on the meta device (cached per config)."""
     key = (type(config).__name__, config.to_json_string(use_diff=False))
     if key not in _PARAM_FACTS_CACHE:
-        with torch.device("meta"):
+        # Built in the config's own dtype, which transformers makes the process's default dtype while it builds: the
+        # build holds the process's torch state, so a run training meanwhile never creates a tensor in it.
+        with exclusive(), torch.device("meta"):
             model = activation_probe.model_class_for(config).from_config(config)
         params = list(model.parameters())  # .parameters() yields a tied weight once
         output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -20,6 +20,7 @@ from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.utils import logging as transformers_logging
 
 from .errors import DemoInputError, offline_hint
+from .isolation import exclusive
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
 # bury the CLI's one-line `error:` when that check refuses the model.
@@ -144,9 +145,11 @@ class ModelSource:
         return self.config.model_type
 
     def build(self, attn_implementation: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
-        """A fresh model; presets are seeded so every collator starts from the same weights."""
-        torch.manual_seed(seed)
-        model = self._build(attn_implementation, dtype)
+        """A fresh model; presets are seeded so every collator starts from the same weights. The build holds the
+        process's torch state (isolation.exclusive): its weights come from `seed` alone, whatever other threads
+        draw meanwhile, and it moves no one else's generator or default dtype."""
+        with exclusive(seed):
+            model = self._build(attn_implementation, dtype)
         # transformers derives `loss_type` from the class name, so GPT2LMHeadModel (an "LMHeadModel", not a
         # "ForCausalLM") gets None; its loss still falls back to ForCausalLMLoss, but Trainer then counts
         # `num_items_in_batch` over unshifted labels, one token too many per padded example: a padded step's loss

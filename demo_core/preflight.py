@@ -21,6 +21,7 @@ from transformers.utils import logging as transformers_logging
 from . import attention as attention_paths
 from .collators import FlattenCollator, PaddedCollator, collator_spec
 from .errors import DemoInputError
+from .isolation import exclusive
 from .models import ModelSource
 
 # The batch each checked layout feeds the model (the registry's `layout`; "naive" is inexact by design, unchecked).
@@ -94,25 +95,26 @@ def _refusing(what: str, action, remedy: str = "use another attention"):
 def measure_packing(source: ModelSource, attention: str, device: str, layouts, seed: int = 0) -> dict[str, float]:
     """Max |Δlogit| per layout between the run's path and each example alone on eager, relative to the largest
     reference logit (so a checkpoint with large logits gets the same relative tolerance as a random-init one)."""
-    examples = check_examples(source)
-    with torch.device(device):
-        model = _refusing(f"building it with {attention}", lambda: source.build(attention, seed=seed)).eval()
-        # The reference shares the weights when the model can switch attention in place (transformers' rule).
-        reference = model if type(model)._can_set_attn_implementation() else source.build("eager", seed=seed).eval()
-    calls_before = attention_paths.calls.count
-    packed = {layout: _refusing(_WHAT[layout], lambda: _per_example_logits(model, layout, source, examples, device),
-                                _REMEDY[layout])
-              for layout in layouts}
-    if attention == attention_paths.VARLEN and attention_paths.calls.count == calls_before:
-        raise DemoInputError("its layers never called varlen attention: they compute attention in their own code")
-    if attention != "eager":
-        reference.set_attn_implementation("eager")
-    alone = [_refusing("one example on eager", lambda: reference(input_ids=torch.tensor([ids], device=device),
-                                                                 use_cache=False).logits[0].float())
-             for ids in examples]
-    scale = max(1.0, max(float(logits.abs().max()) for logits in alone))
-    return {layout: max(float((p - a).abs().max()) for p, a in zip(logits, alone)) / scale
-            for layout, logits in packed.items()}
+    with exclusive(seed):  # no other thread moves its weights, dtype or generators mid-check; it moves none
+        examples = check_examples(source)
+        with torch.device(device):
+            model = _refusing(f"building it with {attention}", lambda: source.build(attention, seed=seed)).eval()
+            # The reference shares the weights when the model can switch attention in place (transformers' rule).
+            reference = model if type(model)._can_set_attn_implementation() else source.build("eager", seed=seed).eval()
+        calls_before = attention_paths.calls.count
+        packed = {layout: _refusing(_WHAT[layout], lambda: _per_example_logits(model, layout, source, examples, device),
+                                    _REMEDY[layout])
+                  for layout in layouts}
+        if attention == attention_paths.VARLEN and attention_paths.calls.count == calls_before:
+            raise DemoInputError("its layers never called varlen attention: they compute attention in their own code")
+        if attention != "eager":
+            reference.set_attn_implementation("eager")
+        alone = [_refusing("one example on eager", lambda: reference(input_ids=torch.tensor([ids], device=device),
+                                                                     use_cache=False).logits[0].float())
+                 for ids in examples]
+        scale = max(1.0, max(float(logits.abs().max()) for logits in alone))
+        return {layout: max(float((p - a).abs().max()) for p, a in zip(logits, alone)) / scale
+                for layout, logits in packed.items()}
 
 
 def check_packing_is_exact(source: ModelSource, attention: str, device: str, collators) -> None:

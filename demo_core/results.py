@@ -1,8 +1,9 @@
 """Result and Comparison: what a run returns and its JSON form (the document the CLI writes and the API returns).
 
 JSON document: `config`, `dataset_stats`, `results` (one per collator: per-step series, robust throughput over the
-timed steps, the profiled step's `time_anatomy`), `comparison` (per collator: speedup vs padded with its range,
-the slots and work ideals, loss difference vs padded, `flags`), plus `contamination` and `environment`.
+timed steps, the profiled steps' `time_anatomy`), `comparison` (per collator: speedup vs padded with its range,
+the slots and work ideals, loss difference vs padded, `flags`), plus `contamination` (or why not:
+`contamination_not_checked`), `environment`, `memory_guard` and, for a run that ran out of memory, `stop_reason`.
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ class Result:
     rank_step_real_tokens: list[list[int]] = dataclasses.field(default_factory=list)
     rank_peak_memory_bytes: list[int | None] = dataclasses.field(default_factory=list)
     step_work_flops: list[float] = dataclasses.field(default_factory=list)  # work.step_flops of each step's batch
-    profiled_step: int | None = None  # 1-based; its time anatomy is `time_anatomy`
-    time_anatomy: dict | None = None
+    profiled_step: int | None = None  # 1-based: the first of `profiled_steps` (documents before them had only it)
+    time_anatomy: dict | None = None  # the centre of the profiled steps' anatomies (anatomy.robust_anatomy)
+    profiled_steps: list[int] = dataclasses.field(default_factory=list)  # 1-based, left out of the throughput
+    step_anatomies: list[dict] = dataclasses.field(default_factory=list)  # one per profiled step, in order
+    stop_reason: str | None = None  # why a partial burst ended early when nobody stopped it (out of memory)
 
     @property
     def timed_step_indices(self) -> list[int]:
-        return timed_step_indices(len(self.step_times_s), self.profiled_step)
+        return timed_step_indices(len(self.step_times_s), self.profiled_steps or self.profiled_step)
 
     def _timed(self, values: list) -> list:
         return [values[i] for i in self.timed_step_indices]
@@ -214,6 +218,14 @@ class Comparison:
     contamination: list[dict]
     environment: dict
     partial: bool = False
+    contamination_not_checked: str | None = None  # why `contamination` is empty: nothing was compared
+    memory_guard: dict | None = None  # memory_guard.RunMemory: the predicted peak the run was let through with
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run ended early on its own (a burst ran out of memory), naming the collator; None otherwise."""
+        return next((f"{result.collator}: {result.stop_reason}" for result in self.results if result.stop_reason),
+                    None)
 
     def to_dict(self) -> dict:
         return {
@@ -223,8 +235,11 @@ class Comparison:
             "comparison": compare(self.results, self.ideal_speedup),
             "ideal_speedup": self.ideal_speedup,
             "contamination": self.contamination,
+            "contamination_not_checked": self.contamination_not_checked,
             "environment": self.environment,
             "partial": self.partial,
+            "memory_guard": self.memory_guard,
+            "stop_reason": self.stop_reason,  # the engine's own; a Stop or a time budget the app adds (serving/gpu.py)
         }
 
 

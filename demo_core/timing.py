@@ -7,7 +7,8 @@ On a shared CPU the same step can take 2-3x longer from one minute to the next, 
   dominates; its spread is the interquartile range.
 - **Alternation.** `Turns` passes a single turn between the bursts' threads at step boundaries, so collators' steps
   run ABAB... and every collator samples the same machine load, while each remains a real Trainer run. Only the
-  thread holding the turn computes; the others wait in `TurnTaking.on_step_end`.
+  thread holding the turn computes; the others wait in `TurnTaking.on_step_end`, where each burst also steps aside
+  from the process's torch state (isolation.py).
 """
 
 from __future__ import annotations
@@ -15,18 +16,23 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from typing import Iterable
 
 import torch
 from transformers import TrainerCallback
+
+from .isolation import RunStream
 
 # Fewer timed steps than this and a trimmed mean, a spread and a speedup mean little: the comparison reports none.
 MIN_TIMED_STEPS = 3
 
 
-def timed_step_indices(steps: int, profiled_step: int | None) -> list[int]:
+def timed_step_indices(steps: int, profiled_steps: Iterable[int] | int | None) -> list[int]:
     """0-based indices of the steps throughput counts: not step 1 (warm-up: allocator, kernel selection, lazy init)
-    and not the profiled step (the profiler slows it; anatomy.py)."""
-    return [index for index in range(1, steps) if index + 1 != profiled_step]
+    and not the profiled steps (1-based; the profiler slows them; anatomy.py). A single int is the one profiled step
+    of documents saved before several were profiled."""
+    profiled = {profiled_steps} if isinstance(profiled_steps, int) else set(profiled_steps or ())
+    return [index for index in range(1, steps) if index + 1 not in profiled]
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
@@ -120,17 +126,21 @@ class Turns:
 
 
 class TurnTaking(TrainerCallback):
-    """Hands the turn on at each step end and waits for it to come back before the Trainer fetches the next batch.
+    """At each step end the burst steps aside: from the process's torch state (isolation.RunStream), so that whoever
+    waits for it goes first (a probe, a preview's model build), and, with `turns`, from the turn, which goes to the
+    next burst. Both are back before the Trainer fetches the next batch, so the next step's data, forward, backward
+    and optimizer step all run inside this burst's turn and random stream.
 
-    Added after the callbacks that close a step's measurements (its time, its profile), so that waiting for the
-    turn is never inside a measurement; the next step's data, forward, backward and optimizer step all run inside
-    this burst's turn.
+    Added after the callbacks that close a step's measurements (its time, its profile), so that waiting is never
+    inside a measurement.
     """
 
-    def __init__(self, turns: Turns, name: str):
-        self.turns, self.name = turns, name
+    def __init__(self, turns: Turns | None, name: str, stream: RunStream):
+        self.turns, self.name, self.stream = turns, name, stream
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.turns.pass_turn(self.name)
-        if self.turns.aborted:  # another burst failed: the run is over, stop at this step
+        with self.stream.stepped_aside():
+            if self.turns is not None:
+                self.turns.pass_turn(self.name)
+        if self.turns is not None and self.turns.aborted:  # another burst failed: the run is over, stop at this step
             control.should_training_stop = True

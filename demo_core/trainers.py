@@ -45,6 +45,7 @@ class BurstSettings:
     device: str  # "cpu" | "cuda"
     seed: int
     gradient_checkpointing: bool = False
+    threads: int | None = None  # the intra-op threads of the thread that trains (None: as it is)
 
 
 class RecordingTrainer(Trainer):

@@ -7,7 +7,8 @@ batch picture, has a module of its own (`batch_picture`).
 
 - `lengths_figure(preview)`: the dataset's length histogram with its statistics.
 - `throughput_figure(document)`, `loss_figure(document)`, `memory_figure(document)`: the results of a run.
-- `anatomy_figure(document)`: where one profiled step's time went, per collator, by phase and by operation.
+- `anatomy_figure(document)`: where the profiled steps' time went (their median), per collator, by phase and by
+  operation.
 """
 
 from __future__ import annotations
@@ -237,11 +238,11 @@ OP_COLORS = {"matmul": "#4e79a7", "normalization": "#59a14f", "elementwise": "#e
 
 
 def anatomy_figure(document: dict, width_in: float = ANATOMY_WIDTH_IN) -> Figure:
-    """Stacked bars of one profiled step per collator: by phase (with backward / forward) and by operation class,
-    side by side on a desktop, one above the other on a phone."""
+    """Stacked bars of the median profiled step per collator: by phase (with backward / forward) and by operation
+    class, side by side on a desktop, one above the other on a phone."""
     profiled = [result for result in document["results"] if result.get("time_anatomy")]
     if not profiled:
-        return _text_figure("Time anatomy: no step was profiled yet\n(step 2 of each burst is the profiled one).",
+        return _text_figure("Time anatomy: no step was profiled yet\n(step 2 of each burst is the first profiled one).",
                             min(width_in, RESULT_WIDTH_IN), 4.6)
     side_by_side = width_in >= RESULT_WIDTH_IN
     figure = Figure(figsize=(width_in, 4.6 if side_by_side else 8.4), dpi=FIGURE_DPI, layout="constrained")
@@ -261,7 +262,7 @@ def anatomy_figure(document: dict, width_in: float = ANATOMY_WIDTH_IN) -> Figure
         _collator_ticks(axes, list(range(len(profiled))), [_result_label(r) for r in profiled])
         axes.legend(fontsize=7, loc="upper right")
         axes.set_title("by phase" if part == "phases" else "by operation", fontsize=10)
-        axes.set_ylabel("ms in the profiled step (step 2)")
+        axes.set_ylabel("ms in the median profiled step")
         axes.set_ylim(0, axes.get_ylim()[1] * 1.3)  # room for the legend above the tallest bar
     figure.suptitle(wrap_lines("Where one training step's time goes (torch.profiler; the profiler slows the step, "
                                "compare shares)", int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)

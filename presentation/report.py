@@ -6,7 +6,8 @@
   attention path's;
 - `contamination_title`: what the contamination table checks, or why it is empty;
 - `FLAG_WORDS`: what each comparison flag means, for the page's table, the headline and the CLI;
-- `anatomy_rows` / `anatomy_markdown`: where a profiled step's time went, and why the speedup misses its ideal;
+- `anatomy_rows` / `anatomy_markdown`: where the profiled steps' time went (their median), why the speedup misses its
+  ideal, and when the anatomy cannot be trusted;
 - `run_summary`: one saved run in a line (the page's history table and the `/history` API);
 - `cost_markdown`: the before-training cost table of a preview;
 - `format_report`: the CLI's printed report.
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 from demo_core.anatomy import OP_CLASSES, PHASES, backward_over_forward
 from demo_core.collators import BASELINE, collator_spec
+from demo_core.results import ABOVE_IDEAL_TOLERANCE
 
 
 def human_bytes(count: float) -> str:
@@ -49,7 +51,8 @@ class Column:
 
 # What each comparison flag (results.compare) means, in words.
 FLAG_WORDS = {
-    "few-timed-steps": "fewer than 3 timed steps (step 1 is warm-up, step 2 is profiled): no speedup; run more steps",
+    "few-timed-steps": ("fewer than 3 timed steps (step 1 is warm-up, profiled steps are left out): no speedup; run "
+                        "more steps"),
     "above-ideal": "more than 10% above every ideal: more likely other work slowed the padded steps than a real gain",
     "noisy": "the steps disagree (range wider than 25% of the speedup): other work on the machine; run again",
     "other-batches": "other batches than padded (packed rows or length grouping): not a like-for-like comparison",
@@ -112,12 +115,21 @@ CONTAMINATION_TITLE = ("Contamination check: logits of each example inside the p
                        "(≈1e-6 is float rounding; naive concat moves them by O(1))")
 
 
+def contamination_skipped(document: dict) -> str | None:
+    """Why a run's contamination table is empty, or None when it has rows (or, saved before runs said why, it was
+    complete)."""
+    if document.get("contamination"):
+        return None
+    if document.get("contamination_not_checked"):
+        return document["contamination_not_checked"]
+    return "the run stopped before its last collator finished (the check runs only after a complete run)" \
+        if document.get("partial") else None
+
+
 def contamination_title(document: dict) -> str:
     """The contamination table's title: what it checks, or, when it is empty, why."""
-    if document.get("contamination") or not document.get("partial"):
-        return CONTAMINATION_TITLE
-    return ("Contamination check: skipped, this run stopped before its last collator finished (the check runs only "
-            "after a complete run)")
+    reason = contamination_skipped(document)
+    return CONTAMINATION_TITLE if reason is None else f"Contamination check: not checked, {reason}"
 
 
 def best_speedup(document: dict) -> float | None:
@@ -175,8 +187,10 @@ def headline(document: dict, seconds: float | None = None, attention_why: str | 
         lines.append(f"Stopped before {', '.join(missing) or 'the end'} finished: no speedup to compare yet.")
     elif not compared:
         lines.append(f"Add `{BASELINE}` and a packing collator to see a speedup.")
-    if document.get("partial") and not document.get("contamination"):
-        lines.append("The contamination check was skipped: it runs only after a complete run.")
+    if document.get("stop_reason") not in (None, "stop", "time budget"):
+        lines.append(f"Ended early: {document['stop_reason']}.")
+    if contamination_skipped(document):
+        lines.append(f"The contamination check was skipped: {contamination_skipped(document)}.")
     status = "Stopped: partial results" if document.get("partial") else "Done"
     timing = f" in {seconds:.1f} s" if seconds is not None else ""
     return f"### {status}{timing}\n" + "\n".join(f"- {line}" for line in lines)
@@ -191,53 +205,90 @@ DOES_NOT_SCALE = ("attention", "optimizer", "data", "other")
 
 
 def anatomy_rows(document: dict, part: str) -> list[list[str]]:
-    """A header and one row per profiled collator: `part` "phases" or "ops", in ms, with backward / forward."""
+    """A header and one row per profiled collator: `part` "phases" or "ops", in ms of the median profiled step, with
+    backward / forward."""
     names = PHASES if part == "phases" else OP_CLASSES
-    rows = [["collator", "profiled step ms", *names, "backward / forward"]]
+    rows = [["collator", "profiled steps", "median step ms", *names, "backward / forward"]]
     for result in document["results"]:
         anatomy = result.get("time_anatomy")
         if anatomy:
             ratio = backward_over_forward(anatomy)
-            rows.append([result["collator"], f"{anatomy['step_s'] * 1000:.0f}",
-                         *(f"{anatomy[part][name] * 1000:.0f}" for name in names),
+            rows.append([result["collator"], ",".join(str(step) for step in _profiled(result)),
+                         f"{anatomy['step_s'] * 1000:.0f}", *(f"{anatomy[part][name] * 1000:.0f}" for name in names),
                          "–" if ratio is None else f"{ratio:.2f}"])
     return rows
 
 
+def _profiled(result: dict) -> list[int]:
+    """The 1-based steps behind a result's anatomy (saved runs before several were profiled had one)."""
+    return result.get("profiled_steps") or [result["profiled_step"]]
+
+
+def times_words(before_s: float, after_s: float) -> str:
+    """How much faster (or slower) `after_s` ran than `before_s`, in words that read right either way."""
+    ratio = before_s / max(after_s, 1e-12)
+    if ratio >= 1.005:
+        return f"{ratio:.2f}× faster"
+    if ratio <= 1 / 1.005:
+        return f"{1 / ratio:.2f}× slower"
+    return "as fast"
+
+
 def _gap_sentence(padded: dict, result: dict) -> str:
-    """Why `result` missed the ideal on the profiled step: what shrank with packing, what did not."""
+    """Why `result` missed the ideal on the profiled steps: what shrank with packing, what did not, and a ratio
+    beyond the batches' slots ideal said for what it is."""
     before, after = padded["time_anatomy"], result["time_anatomy"]
-    index = padded["profiled_step"] - 1
-    batch_ideal = padded["step_padded_slots"][index] / padded["step_real_tokens"][index]
+    indices = [step - 1 for step in _profiled(padded)]
+    batch_ideal = (sum(padded["step_padded_slots"][i] for i in indices)
+                   / sum(padded["step_real_tokens"][i] for i in indices))
 
     def part(anatomy: dict, classes: tuple[str, ...]) -> float:
         return sum(anatomy["ops"][name] for name in classes)
 
     scaling_share = part(before, SCALES_WITH_SLOTS) / before["step_s"]
-    scaling_gain = part(before, SCALES_WITH_SLOTS) / max(part(after, SCALES_WITH_SLOTS), 1e-9)
-    fixed_gain = part(before, DOES_NOT_SCALE) / max(part(after, DOES_NOT_SCALE), 1e-9)
-    return (f"**{result['collator']}** on profiled step {padded['profiled_step']} (slots ideal for that batch "
-            f"{batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was matmul, normalization and element-wise "
-            f"work, which scales with padded slots; it ran {scaling_gain:.2f}× faster. The other "
-            f"{1 - scaling_share:.0%} (attention per example, optimizer, data, Python between operators) does not "
-            f"scale with padding; it ran {fixed_gain:.2f}× faster. The step: "
-            f"{before['step_s'] / after['step_s']:.2f}× faster.")
+    scaling_s = (part(before, SCALES_WITH_SLOTS), part(after, SCALES_WITH_SLOTS))
+    steps = _profiled(padded)
+    which = (f"profiled steps {', '.join(map(str, steps))} (median; slots ideal for those batches" if len(steps) > 1
+             else f"profiled step {steps[0]} (slots ideal for that batch")
+    sentence = (f"**{result['collator']}** on {which} {batch_ideal:.2f}×): {scaling_share:.0%} of padded's step was "
+                f"matmul, normalization and element-wise work, which scales with padded slots; it ran "
+                f"{times_words(*scaling_s)}. The other {1 - scaling_share:.0%} (attention per example, optimizer, "
+                f"data, Python between operators) does not scale with padding; it ran "
+                f"{times_words(part(before, DOES_NOT_SCALE), part(after, DOES_NOT_SCALE))}. The step: "
+                f"{times_words(before['step_s'], after['step_s'])}.")
+    beyond = max(scaling_s[0] / max(scaling_s[1], 1e-12), before["step_s"] / after["step_s"])
+    if beyond > (1 + ABOVE_IDEAL_TOLERANCE) * batch_ideal:
+        sentence += (f" {beyond:.2f}× is more than the {batch_ideal:.2f}× that removing padding can give: other work "
+                     f"on the machine slowed padded's profiled steps more than {result['collator']}'s, or padded's "
+                     f"larger matrices ran less efficiently; the speedup measured over the timed steps is the number "
+                     f"to trust.")
+    return sentence
+
+
+def anatomy_doubt_lines(document: dict) -> list[str]:
+    """One line per doubt of each collator's anatomy (anatomy.anatomy_doubts), for the page and the CLI."""
+    return [f"{result['collator']}'s time anatomy: {doubt}" for result in document["results"]
+            for doubt in (result.get("time_anatomy") or {}).get("doubts", [])]
 
 
 def anatomy_markdown(document: dict) -> str:
-    """The page's words under the anatomy figure: backward / forward, and the gap to the ideal explained."""
+    """The page's words under the anatomy figure: backward / forward, the gap to the ideal explained, and what not to
+    take at face value."""
     profiled = [r for r in document["results"] if r.get("time_anatomy")]
     if not profiled:
-        return "*No step was profiled: the anatomy needs at least 2 steps (step 2 is the profiled one).*"
+        return "*No step was profiled: the anatomy needs at least 2 steps (step 2 is the first profiled one).*"
     ratios = ", ".join(f"{r['collator']} {backward_over_forward(r['time_anatomy']):.2f}×" for r in profiled)
+    steps = ", ".join(str(step) for step in _profiled(profiled[0]))
     lines = [f"Backward / forward time: {ratios} (the model training anatomy: backward ≈ 2× forward, two matmuls "
-             "per forward one). Step 2 of each burst, profiled with torch.profiler, so left out of the throughput; "
-             "the profiler slows it, so compare shares, not seconds."]
+             f"per forward one). Steps {steps} of each burst, profiled with torch.profiler and left out of the "
+             "throughput; each share is the median over those steps. The profiler slows a step, so compare shares, "
+             "not seconds."]
+    lines += [f"⚠ {line}." for line in anatomy_doubt_lines(document)]
     return "\n\n".join(lines + _gap_sentences(document))
 
 
 def _gap_sentences(document: dict) -> list[str]:
-    """One per profiled collator that trained padded's batches (only then is its profiled step the same batch)."""
+    """One per profiled collator that trained padded's batches (only then are its profiled steps the same batches)."""
     profiled = [r for r in document["results"] if r.get("time_anatomy")]
     padded = next((r for r in profiled if r["collator"] == BASELINE), None)
     return [_gap_sentence(padded, result) for result in profiled if padded is not None and result is not padded
@@ -323,8 +374,9 @@ def format_report(document: dict) -> str:
     for part in ("phases", "ops"):
         anatomy = anatomy_rows(document, part)
         if len(anatomy) > 1:
-            lines += ["", f"time anatomy of one profiled step, by {'phase' if part == 'phases' else 'operation'} (ms)",
-                      text_table(anatomy)]
+            by = "phase" if part == "phases" else "operation"
+            lines += ["", f"time anatomy of the profiled steps (median), by {by} (ms)", text_table(anatomy)]
+    lines += [f"  {line}" for line in anatomy_doubt_lines(document)]
     gaps = _gap_sentences(document)
     lines += ["", *(gap.replace("**", "") for gap in gaps)] if gaps else []
     world_size = document["environment"].get("world_size", 1)
@@ -341,5 +393,9 @@ def format_report(document: dict) -> str:
             f"flatten {max(r['flatten_max_abs_logit_diff'] for r in contamination):.1e}, "
             f"naive-concat {max(r['naive_concat_max_abs_logit_diff'] for r in contamination):.1e}"
         )
+    elif contamination_skipped(document):
+        lines += ["", f"contamination check: not checked, {contamination_skipped(document)}"]
+    if document.get("stop_reason"):
+        lines.append(f"note: ended early: {document['stop_reason']}")
     lines += [f"note: {note}" for note in stats.get("notes", [])]
     return "\n".join(lines)

@@ -35,8 +35,10 @@ class RunDocument(TypedDict):
     comparison: dict[str, dict[str, Any]]
     ideal_speedup: float
     contamination: list[dict[str, Any]]
+    contamination_not_checked: str | None
     environment: dict[str, Any]
     partial: bool
+    memory_guard: dict[str, Any] | None
     stop_reason: str | None
 
 
@@ -51,6 +53,7 @@ class PreviewDocument(TypedDict):
     device: str
     batches: dict[str, dict[str, Any]]
     cost: dict[str, Any]
+    memory_guard: dict[str, Any]
 
 
 class RunSummary(TypedDict):

@@ -74,8 +74,10 @@ def _train_in_thread(prepared: demo_core.Prepared, signal: StopSignal, events: q
         try:
             comparison = demo_core.run_comparison(prepared, progress=progress, stop_event=signal, on_result=on_result)
             document = comparison.to_dict()
-            # Why it was cut short; a run that finished all its steps was stopped by nothing.
-            events.put((DONE, {**document, "stop_reason": signal.reason if document["partial"] else None}))
+            # Why it was cut short (a Stop, the time budget, or the engine's own: out of memory); a run that
+            # finished all its steps was stopped by nothing.
+            reason = signal.reason or document.get("stop_reason") if document["partial"] else None
+            events.put((DONE, {**document, "stop_reason": reason}))
         except BaseException as error:  # handed to the generator, which raises it
             events.put(("error", error))
 

@@ -63,7 +63,7 @@ FIGURE_TEXT = {
     "loss": "Training loss per optimizer step, one line per collator; correct packing overlaps the padded line",
     "memory": "Stacked bars of memory at the peak of a training step per collator, by category (weights, "
               "gradients, optimizer, activations, temporary), estimated (hatched) beside measured (solid)",
-    "anatomy": "Stacked bars of where one profiled training step's time went per collator: by phase (forward, "
+    "anatomy": "Stacked bars of where the median profiled training step's time went per collator: by phase (forward, "
                "backward, optimizer, data) with the backward / forward ratio, and by operation (matmul, attention, "
                "normalization, element-wise, optimizer, data, other)",
 }
@@ -95,7 +95,7 @@ def views_column() -> SimpleNamespace:
                                         elem_id="contamination", label=report.CONTAMINATION_TITLE, min_width=340)
     ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
                               wrap=True, elem_id="results", pinned_columns=1)
-    # Time anatomy: one profiled step per collator, and why the speedup misses its ideal. The figure's two panels
+    # Time anatomy: the median profiled step per collator, and why the speedup misses its ideal. The figure's two panels
     # take the section's whole width (beside its words they were drawn at half size), the words follow it.
     ui.anatomy_plot = gr.Plot(label=FIGURE_TEXT["anatomy"], show_label=False, elem_id="anatomy-plot")
     ui.anatomy_text = gr.Markdown(elem_id="anatomy-text", min_height=0)

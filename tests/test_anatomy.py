@@ -5,8 +5,9 @@ import torch
 from torch.profiler import profile
 
 from demo_core import RunConfig, run_comparison
-from demo_core.anatomy import (OP_CLASSES, PHASES, PROFILED_STEP, StepProfiler, _ModuleRanges, classify_events,
-                               classify_op)
+from demo_core.anatomy import (OP_CLASSES, PHASES, StepProfiler, _ModuleRanges, classify_events, classify_op,
+                               profiled_steps, robust_anatomy)
+from presentation import report
 
 
 @pytest.mark.parametrize("name, context, expected", [
@@ -75,7 +76,7 @@ def test_an_abandoned_window_stops_the_profiler_and_unhooks_the_model():
     """What a burst that fails mid-step relies on (burst.run_burst abandons in a finally)."""
     model = Toy()
     hooks_before = (len(model._forward_pre_hooks), len(model.norm._forward_pre_hooks), len(model._forward_hooks))
-    profiler = StepProfiler(model, "cpu")
+    profiler = StepProfiler(model, "cpu", [2])
     profiler.open()
     assert torch.autograd._profiler_enabled()
     model(torch.randn(2, 16))
@@ -87,22 +88,30 @@ def test_an_abandoned_window_stops_the_profiler_and_unhooks_the_model():
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    config = RunConfig(model="tiny-llama", dataset="flan-like", samples=32, collators=("padded", "flatten"), steps=4,
+    config = RunConfig(model="tiny-llama", dataset="flan-like", samples=32, collators=("padded", "flatten"), steps=6,
                        batch_size=8, attention="varlen", device="cpu")
     return run_comparison(config).to_dict()
 
 
-def test_every_burst_profiles_step_2_and_leaves_it_out_of_the_throughput(tiny_run):
+@pytest.mark.parametrize("steps, expected", [(1, []), (2, [2]), (5, [2]), (6, [2, 6]), (9, [2, 6]),
+                                             (20, [2, 6, 10, 14, 18]), (1000, [2, 6, 10, 14, 18])])
+def test_profiled_steps_are_spread_over_the_burst_and_leave_three_timed_steps(steps, expected):
+    assert profiled_steps(steps) == expected
+    if steps >= 5:
+        assert steps - 1 - len(expected) >= 3
+
+
+def test_every_burst_profiles_the_same_steps_and_leaves_them_out_of_the_throughput(tiny_run):
     for result in tiny_run["results"]:
-        assert result["profiled_step"] == PROFILED_STEP
-        assert result["timed_steps"] == result["steps"] - 2
+        assert result["profiled_steps"] == [2, 6] and result["profiled_step"] == 2
+        assert result["timed_steps"] == 3 and len(result["step_anatomies"]) == 2
         anatomy = result["time_anatomy"]
         assert set(anatomy["phases"]) == set(PHASES) and set(anatomy["ops"]) == set(OP_CLASSES)
+        assert anatomy["profiled_steps"] == 2 and isinstance(anatomy["doubts"], list)
 
 
 def test_phases_and_operations_each_add_up_to_the_profiled_step(tiny_run):
-    for result in tiny_run["results"]:
-        anatomy = result["time_anatomy"]
+    for anatomy in (a for result in tiny_run["results"] for a in [result["time_anatomy"], *result["step_anatomies"]]):
         assert sum(anatomy["phases"].values()) == pytest.approx(anatomy["step_s"], rel=0.15)
         assert sum(anatomy["ops"].values()) == pytest.approx(anatomy["step_s"], rel=0.15)
         assert anatomy["ops"]["other"] < 0.5 * anatomy["step_s"]  # "other" tops up to step_s: most is classified
@@ -123,3 +132,51 @@ def test_padding_puts_a_larger_share_of_the_step_into_work_that_scales_with_slot
         return sum(anatomy["ops"][name] for name in names) / anatomy["step_s"]
 
     assert share(padded, ("matmul", "elementwise")) > share(flatten, ("matmul", "elementwise"))
+
+
+def _anatomy(forward_s: float, backward_s: float, matmul_s: float) -> dict:
+    """One profiled step's anatomy: 10 ms each of optimizer and data, everything else "other"."""
+    step_s = forward_s + backward_s + 0.02
+    phases = {"forward": forward_s, "backward": backward_s, "optimizer": 0.01, "data": 0.01, "other": 0.0}
+    ops = {**dict.fromkeys(OP_CLASSES, 0.0), "matmul": matmul_s, "optimizer": 0.01, "data": 0.01,
+           "other": step_s - matmul_s - 0.02}
+    return {"step_s": step_s, "phases": phases, "ops": ops}
+
+
+def test_the_centre_of_the_profiled_steps_shrugs_off_one_stalled_step():
+    steady = _anatomy(0.1, 0.2, 0.2)
+    stalled = _anatomy(0.5, 0.2, 0.2)  # descheduled during its forward
+    centre = robust_anatomy([steady, stalled, steady])
+    assert centre["phases"]["backward"] / centre["phases"]["forward"] == pytest.approx(2.0)
+    for part in ("phases", "ops"):
+        assert sum(centre[part].values()) == pytest.approx(centre["step_s"])
+        for name, seconds in centre[part].items():
+            assert seconds / centre["step_s"] == pytest.approx(steady[part][name] / steady["step_s"])
+    assert centre["doubts"] == [] and centre["share_spread"] == 0.0
+
+
+def test_an_anatomy_that_cannot_be_trusted_says_why_in_words():
+    [one_step] = robust_anatomy([_anatomy(0.1, 0.2, 0.2)])["doubts"]
+    assert "one profiled step" in one_step
+    [disagree] = robust_anatomy([_anatomy(0.1, 0.2, 0.2), _anatomy(0.4, 0.2, 0.2)])["doubts"]
+    assert "disagree" in disagree
+    stalled_forward = robust_anatomy([_anatomy(0.4, 0.2, 0.2)] * 3)
+    assert any("backward took 0.50× the forward" in doubt for doubt in stalled_forward["doubts"])
+
+
+def _profiled(collator: str, matmul_s: float, other_s: float) -> dict:
+    """A result whose profiled steps trained batches of 200 slots holding 100 real tokens (slots ideal 2x)."""
+    ops = {**dict.fromkeys(OP_CLASSES, 0.0), "matmul": matmul_s, "other": other_s}
+    anatomy = {"step_s": matmul_s + other_s, "ops": ops, "phases": {}}
+    return {"collator": collator, "time_anatomy": anatomy, "profiled_steps": [2, 6], "profiled_step": 2,
+            "step_padded_slots": [200] * 6, "step_real_tokens": [100] * 6}
+
+
+def test_the_anatomy_sentence_says_slower_and_never_claims_more_than_the_slots_ideal_without_why():
+    padded = _profiled("padded", matmul_s=0.8, other_s=0.2)
+    sentence = report._gap_sentence(padded, _profiled("flatten", matmul_s=0.5, other_s=0.4))
+    assert "it ran 1.60× faster" in sentence and "it ran 2.00× slower" in sentence
+    assert "0.50× faster" not in sentence and "removing padding can give" not in sentence
+    beyond = report._gap_sentence(padded, _profiled("flatten", matmul_s=0.08, other_s=0.2))
+    assert "it ran 10.00× faster" in beyond
+    assert "10.00× is more than the 2.00× that removing padding can give" in beyond and "timed steps" in beyond

@@ -103,18 +103,19 @@ def test_contamination_check_cuts_the_naive_row_to_the_model_positions():
     """tiny-gpt2 learns 2048 positions: eight 1024-token examples cannot be one naive-concat row."""
     source = load_model_source("tiny-gpt2")
     examples = [[3 + i % 290 for i in range(1024)]] * 8
-    rows = contamination_check(source, "sdpa", examples, "cpu", seed=0)
-    assert [row["length"] for row in rows] == [1024, 1024]
+    rows, not_checked = contamination_check(source, "sdpa", examples, "cpu", seed=0)
+    assert [row["length"] for row in rows] == [1024, 1024] and not_checked is None
 
 
-def test_a_model_that_crashes_in_the_contamination_check_leaves_it_empty(monkeypatch):
+def test_a_model_that_crashes_in_the_contamination_check_leaves_it_empty_and_says_why(monkeypatch):
     source = load_model_source("tiny-llama")
 
     def broken(*args, **kwargs):
         raise RuntimeError("the model broke")
 
     monkeypatch.setattr("demo_core.contamination._rows", broken)
-    assert contamination_check(source, "sdpa", [[5, 6, 7]], "cpu", seed=0) == []
+    rows, not_checked = contamination_check(source, "sdpa", [[5, 6, 7], [8, 9]], "cpu", seed=0)
+    assert rows == [] and "could not compute" in not_checked and "RuntimeError" in not_checked
 
 
 def test_preflight_results_are_cached_per_model_path_and_layout(monkeypatch):

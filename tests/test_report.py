@@ -103,7 +103,7 @@ def test_the_headline_puts_each_collators_why_and_colour_next_to_its_numbers(doc
 
 def test_a_stopped_runs_empty_contamination_table_says_why(prepared, document):
     stopped = prepared.comparison([]).to_dict()
-    assert stopped["contamination"] == [] and "skipped" in report.contamination_title(stopped)
+    assert stopped["contamination"] == [] and "not checked, the run stopped" in report.contamination_title(stopped)
     assert report.contamination_title(document) == report.CONTAMINATION_TITLE  # a complete run shows its rows
 
 

@@ -21,10 +21,11 @@ def make_result(collator: str, step_times_s: list[float], slots: list[int], real
                   profiled_step=profiled_step, step_work_flops=flops or [])
 
 
-def test_throughput_leaves_out_the_warm_up_and_the_profiled_step():
-    assert timed_step_indices(6, profiled_step=2) == [2, 3, 4, 5]
-    assert timed_step_indices(6, profiled_step=None) == [1, 2, 3, 4, 5]
-    assert timed_step_indices(2, profiled_step=2) == []
+def test_throughput_leaves_out_the_warm_up_and_the_profiled_steps():
+    assert timed_step_indices(6, [2, 6]) == [2, 3, 4]
+    assert timed_step_indices(6, 2) == [2, 3, 4, 5]  # a document saved when one step was profiled
+    assert timed_step_indices(6, None) == [1, 2, 3, 4, 5]
+    assert timed_step_indices(2, [2]) == []
     # A 100 s warm-up and a 50 s profiled step change nothing: 1000 slots per second on every timed step.
     result = make_result("flatten", [100.0, 50.0, 1.0, 2.0, 1.5], [1000, 1000, 1000, 2000, 1500])
     assert result.timed_steps == 3
