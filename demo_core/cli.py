@@ -12,7 +12,7 @@ from . import distributed
 from .attention import capability_table
 from .cli_plan import add_plan_parser, run_plan
 from .collators import collator_names
-from .config import ATTENTION_NAMES, DEVICE_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, RunConfig
+from .config import ATTENTION_NAMES, DEVICE_NAMES, LOSS_ON_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, RunConfig
 from .engine import run_comparison
 from .errors import DemoInputError
 from .models import PRESETS
@@ -32,12 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = RunConfig()
     compare.add_argument("--model", default=defaults.model, help=f"preset ({', '.join(PRESETS)}), hub id or folder")
     compare.add_argument("--dataset", default=defaults.dataset, help="flan-like, orcamath-like, a .json/.jsonl file "
-                         "or a hub dataset id")
+                         "(README: Data formats) or a hub dataset id")
     compare.add_argument("--samples", default=defaults.samples, help="examples to sample from the dataset")
     compare.add_argument("--collators", default=",".join(defaults.collators),
                          help=f"comma list of: {', '.join(collator_names())}")
     compare.add_argument("--steps", default=defaults.steps, help="optimizer steps per collator (step 1 is warm-up)")
-    compare.add_argument("--batch-size", default=defaults.batch_size, help="examples per step (bfd: packed rows)")
+    compare.add_argument("--batch-size", default=defaults.batch_size, help="examples per optimizer step (bfd: packed "
+                         "rows), over all processes and micro-batches")
     compare.add_argument("--attention", default=defaults.attention, choices=ATTENTION_NAMES)
     compare.add_argument("--seed", default=defaults.seed)
     compare.add_argument("--max-length", default=defaults.max_length, help="truncate examples to this many tokens")
@@ -49,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--threads", default=None, help="CPU threads for training (default 1 on a CPU: with more, "
                          "every parallel operator waits for a thread the OS gave to other work, and a shared "
                          "machine's speedups swing 2x; on a dedicated machine, its core count)")
+    compare.add_argument("--loss-on", default=defaults.loss_on, choices=LOSS_ON_NAMES,
+                         help="which tokens carry loss: all; completion (prompt/completion data: the answer); "
+                         "assistant (conversations: the assistant turns); auto: TRL's default for the data's layout "
+                         "(completion for prompt/completion data, all otherwise)")
+    compare.add_argument("--grad-accum", default=defaults.grad_accum, metavar="N",
+                         help="gradient accumulation: each optimizer step runs N micro-batches of batch-size / N "
+                         "examples, its loss normalised by the trained tokens of all N")
     compare.add_argument("--json", metavar="PATH", help="write the full result document here")
     caps = commands.add_parser("capabilities", help="which attention path works for which model family and device")
     caps.add_argument("--models", default="tiny-llama,tiny-mistral,tiny-qwen2,tiny-gemma,tiny-phi3,tiny-granite,tiny-gpt2")
@@ -61,7 +69,8 @@ def _compare(args) -> None:
         model=args.model, dataset=args.dataset, samples=args.samples, collators=args.collators, steps=args.steps,
         batch_size=args.batch_size, attention=args.attention, seed=args.seed, max_length=args.max_length,
         precision=args.precision, optimizer=args.optimizer, learning_rate=args.learning_rate, device=args.device,
-        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads,
+        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads, loss_on=args.loss_on,
+        grad_accum=args.grad_accum,
     )
     document = run_comparison(config).to_dict()
     distributed.close()

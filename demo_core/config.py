@@ -17,6 +17,8 @@ ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 PRECISION_NAMES = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZER_NAMES = ("adamw", "sgd")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# Which tokens carry loss (rendering.py): auto is TRL's default for the data's layout.
+LOSS_ON_NAMES = ("auto", "all", "completion", "assistant")
 # Attention paths that compute each segment's causal pairs only (no score matrix over the row, no mask): what the
 # work ideal counts, what the estimate's kernel formulas cover, which mask panel the batch picture marks as used.
 PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
@@ -109,6 +111,12 @@ class RunConfig:
     device: str = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # CPU threads for training; None: 1 on a CPU (see engine.resolve_threads)
+    # Which tokens carry loss: all, completion (prompt/completion data), assistant (conversations); auto: TRL's
+    # default for the data's layout (completion for prompt/completion data, all otherwise).
+    loss_on: str = "auto"
+    # Micro-batches per optimizer step: batch_size examples per step in grad_accum forward/backward passes of
+    # batch_size / grad_accum each, the loss normalised by the trained tokens of the whole step.
+    grad_accum: int = 1
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field."""
@@ -120,6 +128,7 @@ class RunConfig:
         max_length = as_int("max length", self.max_length)
         learning_rate = as_float("learning rate", self.learning_rate)
         threads = None if self.threads is None else as_int("threads", self.threads)
+        grad_accum = as_int("gradient accumulation steps", self.grad_accum)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DemoInputError("choose a model: a preset name, a hub id or a local folder")
         if not isinstance(self.dataset, str) or not self.dataset.strip():
@@ -132,6 +141,9 @@ class RunConfig:
             raise DemoInputError(f"batch size must be between 1 and {limits.max_batch_size}, got {batch_size}")
         if not 2 <= max_length <= limits.max_length:
             raise DemoInputError(f"max length must be between 2 and {limits.max_length}, got {max_length}")
+        if not 1 <= grad_accum <= batch_size or batch_size % grad_accum:
+            raise DemoInputError(f"gradient accumulation steps must divide the batch size {batch_size} (each step: "
+                                 f"that many micro-batches of batch size / steps examples), got {grad_accum}")
         if seed < 0:
             raise DemoInputError(f"seed must be 0 or more, got {seed}")
         if threads is not None and not 1 <= threads <= (os.cpu_count() or 1):
@@ -143,9 +155,11 @@ class RunConfig:
             ("precision", PRECISION_NAMES),
             ("optimizer", OPTIMIZER_NAMES),
             ("device", DEVICE_NAMES),
+            ("loss_on", LOSS_ON_NAMES),
         ):
             if getattr(self, field) not in allowed:
-                raise DemoInputError(f"unknown {field} {getattr(self, field)!r}; choose from: {', '.join(allowed)}")
+                raise DemoInputError(f"unknown {field.replace('_', ' ')} {getattr(self, field)!r}; "
+                                     f"choose from: {', '.join(allowed)}")
         return dataclasses.replace(
             self,
             model=self.model.strip(),
@@ -158,7 +172,13 @@ class RunConfig:
             max_length=max_length,
             learning_rate=learning_rate,
             threads=threads,
+            grad_accum=grad_accum,
         )
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Examples (bfd: rows) per forward/backward pass, over all processes."""
+        return self.batch_size // self.grad_accum
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
