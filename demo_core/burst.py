@@ -47,7 +47,7 @@ class StepRecorder(TrainerCallback):
 
     def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None,
                  stop_event: threading.Event | None):
-        # `collator` is the RecordingCollator the trainer calls: each step pops the BatchStats of the batch it ate.
+        # `collator` is the RecordingCollator the trainer calls: each step pops the BatchStats of the batches it ate.
         self.collator, self.device, self.total_steps, self.name = collator, device, total_steps, name
         self.progress, self.stop_event = progress, stop_event
         self.step_times_s: list[float] = []
@@ -62,7 +62,7 @@ class StepRecorder(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         _synchronize(self.device)
         self.step_times_s.append(time.perf_counter() - self._started)
-        self.batches.append(self.collator.pending_stats.popleft())
+        self.batches.append(self.collator.step_stats.popleft())
         if self.progress is not None:
             self.progress(self.name, len(self.step_times_s), self.total_steps)
         if self.stop_event is not None and self.stop_event.is_set() and state.global_step < state.max_steps:
@@ -116,10 +116,10 @@ class MemoryRecorder(TrainerCallback):
 
 def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, spec: CollatorSpec,
                     attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
-    """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
+    """(the result's `memory` report, peak bytes) for the batch that step 1 measured (its first micro-batch)."""
     measured = recorder.measured or {}
     estimate = memory_estimate.estimate_memory_detail(
-        source.config, step_shape(spec, first_batch.lengths),
+        source.config, step_shape(spec, first_batch.micro_lengths[0]),
         burst_memory_settings(spec, attention, settings, context_bytes=measured.get("context")))
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
@@ -173,6 +173,7 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         losses=trainer.step_losses[:steps_done],
         step_times_s=recorder.step_times_s,
         step_real_tokens=[b.real_tokens for b in recorder.batches],
+        step_trained_tokens=[b.trained_tokens for b in recorder.batches],
         step_padded_slots=[b.padded_slots for b in recorder.batches],
         step_examples=[b.examples for b in recorder.batches],
         step_collate_s=[b.collate_s for b in recorder.batches],
@@ -180,7 +181,8 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         memory=memory_report,
         partial=recorder.stopped_early or out_of_memory is not None,
         world_size=trainer.args.world_size,
-        step_work_flops=[step_flops(work, b.lengths, spec.layout, attention) for b in recorder.batches],
+        step_work_flops=[sum(step_flops(work, lengths, spec.layout, attention) for lengths in b.micro_lengths)
+                         for b in recorder.batches],
         profiled_step=profiler.profiled[0] if profiler.profiled else None,
         time_anatomy=profiler.anatomy,
         profiled_steps=profiler.profiled,

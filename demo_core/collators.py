@@ -17,7 +17,10 @@ from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, Pre
 
 @dataclasses.dataclass
 class BatchStats:
-    """What one batch costs: `padded_slots` token positions the model computes, `real_tokens` of them real data."""
+    """What one batch costs: `padded_slots` token positions the model computes, `real_tokens` of them real data,
+    `trained_tokens` of those the ones that carry loss (labels past each row's first that are not -100: what
+    Trainer's `num_items_in_batch` counts). With gradient accumulation one optimizer step is several micro-batches:
+    `merged` adds them up and keeps each one's example lengths in `micro_lengths`."""
 
     examples: int
     real_tokens: int
@@ -25,31 +28,67 @@ class BatchStats:
     lengths: list[int]
     cu_seqlens: list[int]
     collate_s: float
+    trained_tokens: int = 0
+    micro_lengths: list[list[int]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.micro_lengths = self.micro_lengths or [list(self.lengths)]
 
     @property
     def pad_fraction(self) -> float:
         return 1.0 - self.real_tokens / self.padded_slots if self.padded_slots else 0.0
 
     @classmethod
-    def of(cls, lengths: list[int], padded_slots: int, collate_s: float) -> "BatchStats":
+    def of(cls, lengths: list[int], padded_slots: int, collate_s: float, trained_tokens: int = 0) -> "BatchStats":
         cu_seqlens = [0]
         for length in lengths:
             cu_seqlens.append(cu_seqlens[-1] + length)
-        return cls(len(lengths), cu_seqlens[-1], padded_slots, list(lengths), cu_seqlens, collate_s)
+        return cls(len(lengths), cu_seqlens[-1], padded_slots, list(lengths), cu_seqlens, collate_s, trained_tokens)
+
+    @classmethod
+    def merged(cls, parts: list["BatchStats"]) -> "BatchStats":
+        """One optimizer step of several micro-batches (gradient accumulation)."""
+        if len(parts) == 1:
+            return parts[0]
+        merged = cls.of([length for part in parts for length in part.lengths],
+                        sum(part.padded_slots for part in parts), sum(part.collate_s for part in parts),
+                        sum(part.trained_tokens for part in parts))
+        merged.micro_lengths = [list(part.lengths) for part in parts]
+        return merged
+
+
+def trained_tokens(labels: torch.Tensor) -> int:
+    """Labels that carry loss in a batch the model shifts: each row's first label predicts nothing."""
+    return int((labels[..., 1:] != -100).sum())
+
+
+def _with_labels(feature: dict) -> dict:
+    """An example's ids and labels (-100 where a token carries no loss; every token carries loss without them)."""
+    return {"input_ids": feature["input_ids"], "labels": feature.get("labels", feature["input_ids"])}
 
 
 class RecordingCollator:
-    """Base: subclasses implement `collate`; calls are timed and their stats queued for the burst to read."""
+    """Base: subclasses implement `collate`; calls are timed and their stats queued for the burst to read.
+
+    `pending_stats` holds one BatchStats per call (micro-batch); the trainer groups those of each optimizer step
+    with `close_step`, and the burst reads one entry of `step_stats` per step.
+    """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
         self.pending_stats: deque[BatchStats] = deque()
+        self.step_stats: deque[BatchStats] = deque()
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         started = time.perf_counter()
         batch, lengths, padded_slots = self.collate(features)
-        self.pending_stats.append(BatchStats.of(lengths, padded_slots, time.perf_counter() - started))
+        collate_s = time.perf_counter() - started
+        self.pending_stats.append(BatchStats.of(lengths, padded_slots, collate_s, trained_tokens(batch["labels"])))
         return batch
+
+    def close_step(self, micro_batches: int) -> None:
+        """The next `micro_batches` batches built (the trainer may have built one more ahead) are one step."""
+        self.step_stats.append(BatchStats.merged([self.pending_stats.popleft() for _ in range(micro_batches)]))
 
     def collate(self, features: list[dict]) -> tuple[dict[str, torch.Tensor], list[int], int]:
         raise NotImplementedError
@@ -58,7 +97,8 @@ class RecordingCollator:
 class PaddedCollator(RecordingCollator):
     """Pads to the longest example in the batch (transformers' `DataCollatorForSeq2Seq`).
 
-    Returns `input_ids` and `attention_mask` (B, L_max) and `labels` (B, L_max) with -100 on padding.
+    Returns `input_ids` and `attention_mask` (B, L_max) and `labels` (B, L_max) with -100 on padding and on the
+    tokens that carry no loss.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
@@ -67,7 +107,7 @@ class PaddedCollator(RecordingCollator):
 
     def collate(self, features):
         lengths = [len(f["input_ids"]) for f in features]
-        batch = self._pad([{"input_ids": f["input_ids"], "labels": f["input_ids"]} for f in features])
+        batch = self._pad([_with_labels(f) for f in features])
         return dict(batch), lengths, len(features) * max(lengths)
 
 
@@ -75,8 +115,9 @@ class FlattenCollator(RecordingCollator):
     """Padding-free: transformers' `DataCollatorWithFlattening` concatenates the batch into one row.
 
     Returns `input_ids`, `labels`, `position_ids` (1, Σ lengths) with positions restarting at 0 for each example and
-    the first label of each example set to -100; `cu_seq_lens_q/k` (int32, B+1) and `max_length_q/k` (int) for
-    varlen kernels; `seq_idx` (1, Σ lengths). No `attention_mask`: its absence is what turns packing on.
+    the first label of each example set to -100 (as every label that carries no loss); `cu_seq_lens_q/k` (int32,
+    B+1) and `max_length_q/k` (int) for varlen kernels; `seq_idx` (1, Σ lengths). No `attention_mask`: its absence is
+    what turns packing on.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
@@ -85,7 +126,7 @@ class FlattenCollator(RecordingCollator):
 
     def collate(self, features):
         lengths = [len(f["input_ids"]) for f in features]
-        batch = self._flatten([{"input_ids": f["input_ids"]} for f in features])
+        batch = self._flatten([_with_labels(f) for f in features])
         return dict(batch), lengths, sum(lengths)
 
 
@@ -103,12 +144,13 @@ class NaiveConcatCollator(RecordingCollator):
 
     def collate(self, features):
         lengths = [len(f["input_ids"]) for f in features]
-        batch = self._flatten([{"input_ids": f["input_ids"]} for f in features])
+        batch = self._flatten([_with_labels(f) for f in features])
         return dict(batch), lengths, sum(lengths)
 
 
 class PackedRowsCollator(FlattenCollator):
-    """For rows already packed by TRL's best-fit-decreasing `pack_dataset` (each row: `input_ids`, `seq_lengths`).
+    """For rows already packed by TRL's best-fit-decreasing `pack_dataset` (each row: `input_ids`, `labels`,
+    `seq_lengths`).
 
     Splits every row back into its examples and flattens them all (same keys as `flatten`), so a batch of B packed
     rows is one padding-free row of up to B x max_length tokens.
@@ -119,7 +161,7 @@ class PackedRowsCollator(FlattenCollator):
         for row in features:
             start = 0
             for length in row["seq_lengths"]:
-                examples.append({"input_ids": row["input_ids"][start:start + length]})
+                examples.append({key: row[key][start:start + length] for key in ("input_ids", "labels") if key in row})
                 start += length
         return super().collate(examples)
 

@@ -20,6 +20,8 @@ from .settings import Widget, as_float, as_int, checked_values, setting  # noqa:
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 OPTIMIZER_NAMES = ("adamw", "sgd")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# Which tokens carry loss (rendering.py): auto is TRL's default for the data's layout.
+LOSS_ON_NAMES = ("auto", "all", "completion", "assistant")
 # Attention paths that compute each segment's causal pairs only (no score matrix over the row, no mask): what the
 # work ideal counts, what the estimate's kernel formulas cover, which mask panel the batch picture marks as used.
 PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
@@ -113,6 +115,15 @@ class RunConfig:
                                              "parallel operator waits for a thread the OS gave to other work, and a "
                                              "shared machine's speedups swing 2x; on a dedicated machine, its core "
                                              "count)")
+    loss_on: str = setting("auto", choices=LOSS_ON_NAMES, api=12, page=Widget(12, label="Loss on", more=True),
+                           shown="loss on {}",
+                           help="which tokens carry loss: all; completion (prompt/completion data: the answer); "
+                                "assistant (conversations: the assistant turns); auto: TRL's default for the data's "
+                                "layout (completion for prompt/completion data, all otherwise)")
+    grad_accum: int = setting(1, minimum=1, api=13, page=Widget(13, label="Gradient accumulation", more=True),
+                              shown="{} micro-batches per step",
+                              help="each optimizer step runs N micro-batches of batch size / N examples, its loss "
+                                   "normalised by the trained tokens of all N (must divide the batch size)")
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field: the declared numbers,
@@ -128,8 +139,17 @@ class RunConfig:
             raise DemoInputError(f"threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
         if not numbers["learning_rate"] > 0:
             raise DemoInputError(f"learning rate must be positive, got {numbers['learning_rate']}")
+        batch_size, grad_accum = numbers["batch_size"], numbers["grad_accum"]
+        if grad_accum > batch_size or batch_size % grad_accum:
+            raise DemoInputError(f"gradient accumulation steps must divide the batch size {batch_size} (each step: "
+                                 f"that many micro-batches of batch size / steps examples), got {grad_accum}")
         return dataclasses.replace(self, model=self.model.strip(), dataset=self.dataset.strip(),
                                    collators=parse_collators(self.collators), **numbers)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Examples (bfd: rows) per forward/backward pass, over all processes."""
+        return self.batch_size // self.grad_accum
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)

@@ -1,16 +1,20 @@
-"""Data: built-in length profiles, JSON/JSONL files, hub datasets; sampling, tokenization, length statistics.
+"""Data: built-in datasets, JSON/JSONL files, hub datasets; sampling, tokenization as TRL does it, length statistics.
+
+`readers.py` reads a file (or a hub dataset) into raw records, `schemas.py` reads each one as one of TRL's SFT layouts
+(or says why it cannot), `rendering.py` tokenizes it as SFTTrainer does and marks the tokens that carry loss. Here:
+which records a run trains on (the file's layout, the sample in seeded order), truncation, and the notes that say what
+was left out and why: no record's text is dropped without one.
 
 The two built-ins imitate the length shapes of the datasets in the packing blog post (FLAN: many short tasks with a
 heavy tail; OrcaMath: arithmetic word problems of similar length) with readable, learnable text, generated
-deterministically from the seed. With the byte-level preset tokenizer one token is one byte, so the generators
-target character counts directly.
+deterministically from the seed, as TRL `text` records. With the byte-level preset tokenizer one token is one byte,
+so the generators target character counts directly.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import hashlib
-import json
 import math
 import random
 from pathlib import Path
@@ -18,7 +22,11 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from .errors import DemoInputError, offline_hint
+from .errors import DemoInputError
+from .models import CHAT_TEMPLATE
+from .readers import RawRecord, file_record, is_data_file, read_file, read_hub
+from .rendering import resolve_loss_on, shown_example, tokenize, trained_tokens, training_chat_template
+from .schemas import CONVERSATIONAL, TEXT, BlankRecord, RecordProblem, SFTRecord, sft_record
 
 BUILTIN_DATASETS = ("flan-like", "orcamath-like")
 
@@ -90,121 +98,72 @@ def _orcamath_example(rng: random.Random) -> str:
 _GENERATORS = {"flan-like": _flan_example, "orcamath-like": _orcamath_example}
 
 
-def builtin_texts(name: str, count: int, seed: int) -> list[str]:
+def builtin_records(name: str, count: int, seed: int) -> list[dict]:
+    """TRL `text` records: every token carries loss, as in the blog's packing runs. (As prompt/completion, TRL's
+    completion-only default would drop every example whose answer lies past max length: most of FLAN's tail.)"""
     rng = random.Random(f"{name}:{seed}")
-    return [_GENERATORS[name](rng) for _ in range(count)]
+    return [{"text": _GENERATORS[name](rng)} for _ in range(count)]
 
 
-# The columns of the common fine-tuning schemas (Alpaca, FLAN, OrcaMath, prompt/completion, chat), tried in order.
-# Every prompt-like column present is kept, in this order (Alpaca's `instruction` and its optional `input`); then the
-# first answer-like one.
-PROMPT_COLUMNS = ("prompt", "instruction", "input", "inputs", "question", "query")
-RESPONSE_COLUMNS = ("response", "output", "completion", "answer", "targets")
-CHAT_COLUMNS = ("messages", "conversations")  # [{"role", "content"}] or ShareGPT's [{"from", "value"}]
+def _skipped_note(total: int, blank: list[str], problems: list[str]) -> str:
+    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    parts = ([f"{len(blank)} blank ({', '.join(blank[:3])}{', ...' if len(blank) > 3 else ''})"] if blank else []) + \
+            ([f"{len(problems)} that cannot be trained on as they are: {shown}"] if problems else [])
+    return f"skipped {len(blank) + len(problems)} of {total} records: " + ", ".join(parts)
 
 
-def _message_text(message, where: str) -> str:
-    """"role: content" of one chat message; content given as text parts ([{"type": "text", "text": ...}]) is
-    joined, other parts (images) are left out."""
-    role = content = None
-    if isinstance(message, dict):
-        role, content = message.get("role", message.get("from")), message.get("content", message.get("value"))
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    if not isinstance(role, str) or not isinstance(content, str):
-        raise DemoInputError(f"{where}: every message needs 'role' and 'content' (or ShareGPT's 'from' and 'value')")
-    return f"{role}: {content}"
-
-
-def _chat_text(messages: list, where: str) -> str:
-    return "\n".join(_message_text(message, where) for message in messages)
-
-
-def _record_text(record, where: str) -> str:
-    """One training text from one record of any supported schema."""
-    if not isinstance(record, dict):
-        raise DemoInputError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if isinstance(record.get("text"), str):
-        return record["text"]
-    # TRL's conversational prompt/completion: both are lists of messages.
-    if isinstance(record.get("prompt"), list) and isinstance(record.get("completion"), list):
-        return _chat_text(record["prompt"] + record["completion"], where)
-    prompt = "\n".join(record[column] for column in PROMPT_COLUMNS
-                       if isinstance(record.get(column), str) and record[column])
-    response = next((record[column] for column in RESPONSE_COLUMNS if isinstance(record.get(column), str)), None)
-    if prompt and response is not None:
-        return f"{prompt}\n{response}"
-    for column in CHAT_COLUMNS:
-        if isinstance(record.get(column), list) and record[column]:
-            return _chat_text(record[column], where)
-    raise DemoInputError(
-        f"{where}: no usable text; give a 'text' column, a prompt ({'/'.join(PROMPT_COLUMNS)}) with an answer "
-        f"({'/'.join(RESPONSE_COLUMNS)}), or chat 'messages'/'conversations' "
-        f"(found columns: {', '.join(sorted(record)) or 'none'})"
-    )
-
-
-def file_texts(path: Path, max_bytes: int | None = None) -> list[str]:
-    """Texts from a .jsonl (one object per line) or .json (a list of objects, or {"data": [...]}) file."""
-    if not path.is_file():
-        raise DemoInputError(f"dataset file {path.name!r} does not exist")
-    size = path.stat().st_size
-    if max_bytes is not None and size > max_bytes:
-        raise DemoInputError(f"dataset file {path.name!r} is {size / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.1f} MB")
-    if size == 0:
-        raise DemoInputError(f"dataset file {path.name!r} is empty")
-    try:
-        content = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DemoInputError(f"dataset file {path.name!r} is not UTF-8 text (is it a JSON/JSONL file?)") from None
-    if path.suffix == ".jsonl":
-        texts = []
-        for number, line in enumerate(content.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DemoInputError(f"{path.name} line {number}: not valid JSON ({error.msg})") from None
-            texts.append(_record_text(record, f"{path.name} line {number}"))
-    elif path.suffix == ".json":
+def _trainable(raws: list[RawRecord], unreadable: list[str], name: str) -> tuple[list[SFTRecord], list[str]]:
+    """The records of the file's layout (the most common one), and the notes on what was left out and why; refuses
+    the file when no record can be trained on, with the first reason and its line."""
+    usable, blank, problems = [], [], list(unreadable)
+    for raw in raws:
         try:
-            data = json.loads(content)
-        except json.JSONDecodeError as error:
-            raise DemoInputError(f"{path.name} line {error.lineno}: not valid JSON ({error.msg})") from None
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        if not isinstance(data, list):
-            raise DemoInputError(f"{path.name}: expected a list of objects (or {{\"data\": [...]}})")
-        texts = [_record_text(record, f"{path.name} item {index}") for index, record in enumerate(data)]
+            usable.append((raw.where, sft_record(raw.value)))
+        except BlankRecord:
+            blank.append(raw.where)
+        except RecordProblem as problem:
+            problems.append(f"{raw.where}: {problem}")
+    layouts = collections.Counter(record.layout for _, record in usable)
+    if len(layouts) > 1:
+        layout = layouts.most_common(1)[0][0]
+        problems += [f"{where}: {record.layout} data in a file of {layout} data (one run trains one layout)"
+                     for where, record in usable if record.layout != layout]
+        usable = [(where, record) for where, record in usable if record.layout == layout]
+    if not usable:
+        if not problems:
+            raise DemoInputError(f"dataset {name!r} holds only blank records")
+        more = f" (and {len(problems) - 1} more records that cannot be trained on)" if len(problems) > 1 else ""
+        raise DemoInputError(problems[0] + more)
+    records = [record for _, record in usable]
+    notes = [_skipped_note(len(raws) + len(unreadable), blank, problems)] if blank or problems else []
+    unused = collections.Counter(column for record in records for column in record.unused)
+    if unused:
+        notes.append("not trained on (text that no part of the layout reads): " +
+                     ", ".join(f"{column} ({count} records)" for column, count in sorted(unused.items())))
+    left_out = sum(record.left_out_parts for record in records)
+    if left_out:
+        notes.append(f"{left_out} content parts without text (images, audio, ...) were left out: the models here "
+                     "read text")
+    return records, notes
+
+
+def load_records(dataset: str, samples: int, seed: int,
+                 max_upload_bytes: int | None = None) -> tuple[list[SFTRecord], list[str], dict | None]:
+    """(records sampled in training order, notes for the user, the `file_record` when the data is a file)."""
+    if dataset in BUILTIN_DATASETS:
+        return [SFTRecord(TEXT, fields) for fields in builtin_records(dataset, samples, seed)], [], None
+    path, file = Path(dataset).expanduser(), None
+    if is_data_file(path) or path.exists():
+        read = read_file(path, max_upload_bytes)
+        records, notes = _trainable(read.records, read.unreadable, path.name)
+        file = file_record(path)
     else:
-        raise DemoInputError(f"dataset file {path.name!r}: use a .json or .jsonl file")
-    if not texts:
-        raise DemoInputError(f"dataset file {path.name!r} holds no records")
-    return texts
-
-
-def file_record(path: Path) -> dict:
-    """How a run records its data file: name, size and SHA-256, never where it lay (an upload's server path is
-    private to the server; the hash still tells two files apart)."""
-    with path.open("rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return {"name": path.name, "size_bytes": path.stat().st_size, "sha256": digest}
-
-
-def hub_texts(dataset_id: str) -> list[str]:
-    """The train split of a hub dataset (works offline only for datasets already in the local cache)."""
-    import datasets
-
-    try:
-        dataset = datasets.load_dataset(dataset_id, split="train")
-    except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
-        hint = offline_hint("datasets")
-        raise DemoInputError(
-            f"cannot load dataset {dataset_id!r}{hint}: not a built-in ({', '.join(BUILTIN_DATASETS)}), "
-            f"not an existing file, and not a loadable hub dataset ({type(error).__name__})"
-        ) from None
-    return [_record_text(row, f"{dataset_id} row {index}") for index, row in enumerate(dataset)]
+        records, notes = _trainable(read_hub(dataset, BUILTIN_DATASETS), [], dataset)
+    if samples > len(records):
+        notes.insert(0, f"asked for {samples} samples, the dataset has {len(records)}: used all {len(records)}")
+        samples = len(records)
+    order = random.Random(seed).sample(range(len(records)), samples)
+    return [records[index] for index in order], notes, file
 
 
 @dataclasses.dataclass
@@ -239,58 +198,79 @@ class LengthStats:
 
 @dataclasses.dataclass
 class TokenizedDataset:
-    """Tokenized examples in training order (seeded), plus what was done to get them."""
+    """Tokenized examples in training order (seeded), plus what was done to get them.
+
+    `examples[i]` are the token ids, `labels[i]` the same ids where a token carries loss and -100 elsewhere, and
+    `records[i]` the record in TRL's layout (what SFTTrainer tokenizes itself); `shown` the first examples as trained.
+    """
 
     name: str
     examples: list[list[int]]
     stats: LengthStats
     notes: list[str]
     file: dict | None = None  # `file_record` of a data file
+    labels: list[list[int]] = dataclasses.field(default_factory=list)
+    records: list[dict] = dataclasses.field(default_factory=list)
+    layout: str = TEXT
+    loss_on: str = "all"  # resolved: all, completion or assistant
+    shown: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(trained_tokens(labels) for labels in self.labels)
 
     def stats_dict(self) -> dict:
-        return {"name": self.name, **dataclasses.asdict(self.stats), "notes": self.notes,
+        return {"name": self.name, **dataclasses.asdict(self.stats), "trained_tokens": self.trained_tokens,
+                "layout": self.layout, "loss_on": self.loss_on, "examples": self.shown, "notes": self.notes,
                 **({"file": self.file} if self.file else {})}
 
 
-def load_texts(dataset: str, samples: int, seed: int,
-               max_upload_bytes: int | None = None) -> tuple[list[str], list[str], dict | None]:
-    """(texts sampled in training order, notes for the user, the `file_record` when the data is a file)."""
-    notes, record = [], None
-    if dataset in BUILTIN_DATASETS:
-        return builtin_texts(dataset, samples, seed), notes, record
-    path = Path(dataset).expanduser()
-    if path.suffix in (".json", ".jsonl") or path.exists():
-        texts = file_texts(path, max_upload_bytes)
-        record = file_record(path)
-    else:
-        texts = hub_texts(dataset)
-    if samples > len(texts):
-        notes.append(f"asked for {samples} samples, the dataset has {len(texts)}: used all {len(texts)}")
-        samples = len(texts)
-    order = random.Random(seed).sample(range(len(texts)), samples)
-    return [texts[index] for index in order], notes, record
+SHOWN_EXAMPLES = 3  # the first examples as trained, in `dataset_stats.examples`
+
+
+def _chat_template_note(tokenizer: PreTrainedTokenizerBase, layout: str) -> list[str]:
+    """A tokenizer without a chat template renders conversations with Packing Lab's (models.CHAT_TEMPLATE), and
+    says so: TRL would refuse them."""
+    if layout not in CONVERSATIONAL or tokenizer.chat_template is not None:
+        return []
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return ["the tokenizer has no chat template: conversations are rendered with Packing Lab's built-in one "
+            "(README: Data formats)"]
 
 
 def load(dataset: str, tokenizer: PreTrainedTokenizerBase, samples: int, seed: int, max_length: int,
-         max_upload_bytes: int | None = None) -> TokenizedDataset:
-    texts, notes, record = load_texts(dataset, samples, seed, max_upload_bytes)
-    examples, truncated = [], 0
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-        if len(ids) > max_length:
-            truncated += 1
-            ids = ids[:max_length]
-        if len(ids) >= 2:  # one token has nothing to predict
+         max_upload_bytes: int | None = None, loss_on: str = "auto") -> TokenizedDataset:
+    records, notes, file = load_records(dataset, samples, seed, max_upload_bytes)
+    layout = records[0].layout
+    loss_on = resolve_loss_on(loss_on, layout)
+    notes += _chat_template_note(tokenizer, layout)
+    template = training_chat_template(tokenizer, loss_on)
+    examples, labels, kept, too_long, truncated = [], [], [], 0, 0
+    for record in records:
+        ids, record_labels = tokenize(record.fields, layout, tokenizer, loss_on, template)
+        cut = len(ids) > max_length
+        too_long += cut
+        ids, record_labels = ids[:max_length], record_labels[:max_length]
+        if trained_tokens(record_labels):  # else nothing to learn: a prompt that fills max length, one token
+            truncated += cut
             examples.append(ids)
-    if not examples:
-        raise DemoInputError(f"no example of {Path(dataset).name!r} has at least 2 tokens of text")
-    if truncated == len(texts) and len(texts) > 1:
+            labels.append(record_labels)
+            kept.append(record.fields)
+    if too_long == len(records) and len(records) > 1:
         raise DemoInputError(
-            f"all {len(texts)} examples are longer than max length {max_length}: raise max length "
+            f"all {len(records)} examples are longer than max length {max_length}: raise max length "
             f"(packing has nothing to show when every example is cut to the same length)"
         )
+    if not examples:
+        raise DemoInputError(f"no example of {Path(dataset).name!r} has a token that carries loss (loss on "
+                             f"{loss_on}) within max length {max_length}")
     if truncated:
-        notes.append(f"{truncated} of {len(texts)} examples were longer than {max_length} tokens and were truncated")
+        notes.append(f"{truncated} of {len(records)} examples were longer than {max_length} tokens and were truncated")
+    if len(examples) < len(records):
+        notes.append(f"{len(records) - len(examples)} of {len(records)} examples have no token that carries loss "
+                     f"(loss on {loss_on}) within max length {max_length}: left out, as TRL leaves them out")
     lengths = [len(ids) for ids in examples]
+    shown = [shown_example(tokenizer, ids, example_labels)
+             for ids, example_labels in zip(examples[:SHOWN_EXAMPLES], labels)]
     return TokenizedDataset(Path(dataset).name if Path(dataset).suffix else dataset, examples,
-                            LengthStats.of(lengths, truncated), notes, record)
+                            LengthStats.of(lengths, truncated), notes, file, labels, kept, layout, loss_on, shown)

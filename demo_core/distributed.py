@@ -30,13 +30,17 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
-def per_device_batch_size(batch_size: int) -> int:
-    """`--batch-size` is the global batch (examples per optimizer step, as in one process); each rank takes a share."""
+def per_device_batch_size(batch_size: int, grad_accum: int = 1) -> int:
+    """`--batch-size` is the global batch (examples per optimizer step, as in one process); each rank takes a share,
+    in `grad_accum` micro-batches."""
     processes = world_size()
     if batch_size % processes:
         raise DemoInputError(f"batch size {batch_size} is the global batch and must divide evenly over the "
                              f"{processes} processes (per process: batch size / {processes})")
-    return batch_size // processes
+    if batch_size % (processes * grad_accum):
+        raise DemoInputError(f"batch size {batch_size} must divide evenly into {grad_accum} gradient accumulation "
+                             f"micro-batches on each of the {processes} processes")
+    return batch_size // (processes * grad_accum)
 
 
 def gather(value) -> list:
@@ -66,6 +70,7 @@ def merge_ranks(result: Result) -> Result:
         losses=per_step("losses", lambda values: sum(values) / len(values)),
         step_times_s=per_step("step_times_s", max),
         step_real_tokens=per_step("step_real_tokens", sum),
+        step_trained_tokens=per_step("step_trained_tokens", sum),
         step_padded_slots=per_step("step_padded_slots", sum),
         step_examples=per_step("step_examples", sum),
         step_collate_s=per_step("step_collate_s", max),

@@ -59,7 +59,8 @@ def slots_per_step(prepared: Prepared) -> dict[str, float]:
     """Token slots one step computes, per collator, averaged over one pass through the data: the same for any
     number of steps, so that a run's predicted time is linear in its steps."""
     config, examples = prepared.config, prepared.examples
-    costs = padded_step_costs(examples, config.batch_size, math.ceil(len(examples) / config.batch_size))
+    costs = padded_step_costs(examples, config.batch_size, math.ceil(len(examples) / config.batch_size),
+                              config.grad_accum)
     real = sum(tokens for tokens, _ in costs) / len(costs)
     padded = sum(slots for _, slots in costs) / len(costs)
     total_tokens = sum(len(ids) for ids in examples)

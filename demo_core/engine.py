@@ -53,30 +53,33 @@ def resolve_threads(requested: int | None, device: str) -> int | None:
     return 1 if requested is None and device == "cpu" else requested
 
 
-def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int) -> list[tuple[int, int]]:
-    """(real tokens, padded slots) per step for padding to the batch's longest, batching as the Trainer does:
-    in order, epoch after epoch, the last batch of an epoch holding what is left (no wrap-around into the next)."""
-    batches_per_epoch = -(-len(examples) // batch_size)
-    costs = []
-    for step in range(steps):
-        start = (step % batches_per_epoch) * batch_size
-        lengths = [len(ids) for ids in examples[start:start + batch_size]]
-        costs.append((sum(lengths), len(lengths) * max(lengths)))
-    return costs
+def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int, grad_accum: int = 1,
+                      world_size: int = 1) -> list[tuple[int, int]]:
+    """(real tokens, padded slots) per optimizer step for padding to the batch's longest, batching as the Trainer
+    does: in order, epoch after epoch, each device's micro-batch of batch_size / (grad_accum x world_size) examples
+    padded to its own longest, the last micro-batch of an epoch holding what is left (no wrap-around into the next)
+    and the last step of an epoch the micro-batches left. Under DDP each step's micro-batch is world_size
+    consecutive shares, one per rank."""
+    share = batch_size // (grad_accum * world_size)
+    chunks = [examples[start:start + share] for start in range(0, len(examples), share)]
+    costs = [(sum(len(ids) for ids in chunk), len(chunk) * max(len(ids) for ids in chunk)) for chunk in chunks]
+    micro_batches = [costs[start:start + world_size] for start in range(0, len(costs), world_size)]
+    epoch = [micro_batches[start:start + grad_accum] for start in range(0, len(micro_batches), grad_accum)]
+    return [tuple(sum(cost[part] for micro_batch in step for cost in micro_batch) for part in (0, 1))
+            for step in (epoch[index % len(epoch)] for index in range(steps))]
 
 
 def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1,
-                  profiled: list[int] | None = None) -> float:
+                  profiled: list[int] | None = None, grad_accum: int = 1) -> float:
     """Padded slots / real tokens over the timed steps (all steps when none is timed): the speedup if step time
     were proportional to slots. `profiled`: the 1-based steps left out as profiled (None: the bursts' own,
     anatomy.profiled_steps).
 
-    Under DDP each rank pads only its own batch_size / world_size examples (consecutive shares of the global batch).
+    Under DDP each rank pads only its own share of each micro-batch (consecutive shares of the global batch).
     """
-    costs = padded_step_costs(examples, batch_size // world_size, steps * world_size)
+    costs = padded_step_costs(examples, batch_size, steps, grad_accum, world_size)
     profiled = profiled_steps(steps) if profiled is None else profiled
-    timed = [costs[index * world_size + rank] for index in timed_step_indices(steps, profiled)
-             for rank in range(world_size)] or costs
+    timed = [costs[index] for index in timed_step_indices(steps, profiled)] or costs
     return sum(slots for _, slots in timed) / sum(real for real, _ in timed)
 
 
@@ -102,11 +105,12 @@ class Prepared:
 
     @functools.cached_property
     def rows(self) -> TrainingRows:
-        return TrainingRows(self.examples, self.config.max_length)
+        return TrainingRows(self.dataset, self.config.max_length)
 
     @functools.cached_property
     def ideal_speedup(self) -> float:
-        return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size())
+        return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size(),
+                             grad_accum=self.config.grad_accum)
 
     def burst_settings(self) -> BurstSettings:
         config = self.config
@@ -114,7 +118,7 @@ class Prepared:
             steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
             learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
             device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
-            threads=self.threads,
+            threads=self.threads, grad_accum=config.grad_accum, loss_on=self.dataset.loss_on,
         )
 
     def comparison(self, results: list[Result], contamination: list[dict] | None = None,
@@ -122,7 +126,8 @@ class Prepared:
         """The run's document so far: partial while a collator is missing or was stopped mid-burst."""
         return Comparison(
             config={**self.config.to_dict(), "resolved_attention": self.attention, "resolved_device": self.device,
-                    "resolved_precision": self.precision, "resolved_threads": self.threads},
+                    "resolved_precision": self.precision, "resolved_threads": self.threads,
+                    "resolved_loss_on": self.dataset.loss_on},
             dataset_stats=self.dataset.stats_dict(),
             results=list(results),
             ideal_speedup=self.ideal_speedup,
@@ -139,7 +144,8 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     only its display name, so the documents record the name and `data.file_record`, never the server path."""
     limits = limits or Limits()
     config = config.validated(limits)
-    distributed.per_device_batch_size(config.batch_size)  # fails on every rank alike, before any collective
+    # fails on every rank alike, before any collective
+    distributed.per_device_batch_size(config.batch_size, config.grad_accum)
     device = resolve_device(config.device)
     precision = precisions.resolve(config.precision, device)
     source = load_model_source(config.model)
@@ -155,7 +161,7 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     # Before anything trains: a tiny forward proves packing exact for this model on this path, or refuses the run.
     attention = exact_attention(source, config.attention, device, config.collators)
     dataset = data.load(config.dataset if dataset_file is None else os.fspath(dataset_file), source.tokenizer,
-                        config.samples, config.seed, config.max_length, limits.max_upload_bytes)
+                        config.samples, config.seed, config.max_length, limits.max_upload_bytes, config.loss_on)
     if config.batch_size > len(dataset.examples):
         dataset.notes.append(f"batch size {config.batch_size} is more than the {len(dataset.examples)} examples: "
                              f"every step trains on all {len(dataset.examples)}")
@@ -175,14 +181,17 @@ def environment(device: str) -> dict:
 
 
 def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
-    """The first batch this collator builds from the run's data, with what the page draws of it."""
-    config, examples = prepared.config, prepared.examples
+    """The first batch this collator builds from the run's data (with gradient accumulation: the first micro-batch,
+    what one forward pass computes), with what the page draws of it; `labels` are -100 on the tokens that carry no
+    loss (each example's first, padding, and the prompt's when the loss is on the completion or assistant)."""
+    config, dataset = prepared.config, prepared.dataset
     if spec.packed_rows:
-        rows = prepared.rows.packed[: config.batch_size]
-        features = [{"input_ids": ids, "seq_lengths": lengths}
-                    for ids, lengths in zip(rows["input_ids"], rows["seq_lengths"])]
+        rows = prepared.rows.packed[: config.micro_batch_size]
+        features = [{"input_ids": ids, "labels": labels, "seq_lengths": lengths}
+                    for ids, labels, lengths in zip(rows["input_ids"], rows["labels"], rows["seq_lengths"])]
     else:
-        features = [{"input_ids": ids} for ids in examples[: config.batch_size]]
+        features = [{"input_ids": ids, "labels": labels} for ids, labels in
+                    zip(dataset.examples[: config.micro_batch_size], dataset.labels)]
     collator = spec.collate(prepared.source.tokenizer)
     batch = collator(features)
     stats = collator.pending_stats.popleft()
@@ -198,11 +207,12 @@ def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
 
 
 def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
-    """Numbers for the no-training views: length stats, the first batch per collator, cost preview."""
+    """Numbers for the no-training views: length stats and the first examples as trained (`dataset_stats`), the
+    first batch per collator, cost preview."""
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples
-    lengths = [len(ids) for ids in examples[: config.batch_size]]
-    padded_costs = padded_step_costs(examples, config.batch_size, config.steps)
+    lengths = [len(ids) for ids in examples[: config.micro_batch_size]]
+    padded_costs = padded_step_costs(examples, config.batch_size, config.steps, config.grad_accum)
     return {
         "config": config.to_dict(),
         "dataset_stats": prepared.dataset.stats_dict(),
@@ -213,12 +223,14 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
         "batches": {spec.name: _first_batch(prepared, spec) for spec in prepared.specs},
         "cost": {
             "pad_fraction": 1.0 - sum(r for r, _ in padded_costs) / sum(s for _, s in padded_costs),
-            "ideal_speedup": ideal_speedup(examples, config.batch_size, config.steps),
-            # Attention scores for the first batch: per-segment (varlen/flash) vs padded grid vs dense packed mask.
+            "ideal_speedup": ideal_speedup(examples, config.batch_size, config.steps, grad_accum=config.grad_accum),
+            # Attention scores for the first (micro-)batch: per-segment (varlen/flash) vs padded grid vs dense
+            # packed mask.
             "attention_scores_varlen": sum(n * n for n in lengths),
             "attention_scores_padded": len(lengths) * max(lengths) ** 2,
             "attention_scores_dense_packed": sum(lengths) ** 2,
             "optimizer_steps": config.steps,
+            "micro_batches_per_step": config.grad_accum,
         },
         # The run's predicted peak against the free memory, before Run (memory_guard.py)
         "memory_guard": memory_guard.preview_memory(prepared).to_dict(),

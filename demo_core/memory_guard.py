@@ -101,6 +101,7 @@ def burst_memory_settings(spec: CollatorSpec, attention: str, settings: BurstSet
         gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
         context_bytes=context_bytes,
         loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
+        gradients_kept=settings.grad_accum > 1,  # the gradients live through the later micro-batches' forwards
     )
 
 
@@ -114,9 +115,10 @@ def _batches(items: list, batch_size: int, steps: int) -> list[list]:
 
 
 def step_lengths(prepared: Prepared, spec: CollatorSpec, batch_size: int, max_length: int) -> list[list[int]]:
-    """The example lengths of each distinct step this collator trains on, at `batch_size` per device and examples
-    cut to `max_length`. Packed rows are the run's own at its max length, a bound (full rows) at another."""
-    steps = prepared.config.steps
+    """The example lengths of each distinct forward this collator trains on, at `batch_size` per device and micro-batch
+    and examples cut to `max_length`. Packed rows are the run's own at its max length, a bound (full rows) at
+    another."""
+    steps = prepared.config.steps * prepared.config.grad_accum  # forwards
     if spec.packed_rows:
         if max_length == prepared.config.max_length:
             rows = [list(lengths) for lengths in prepared.rows.packed["seq_lengths"]]
@@ -224,11 +226,13 @@ def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max
 
 def predict(prepared: Prepared, batch_size: int | None = None, max_length: int | None = None,
             available: int | None = None) -> RunMemory:
-    """The run's predicted peak, at its own settings or at another global `batch_size` / `max_length`."""
+    """The run's predicted peak, at its own settings or at another global `batch_size` / `max_length` (examples per
+    optimizer step over all processes and micro-batches)."""
     from .engine import takes_turns  # the engine calls this module before it trains
 
     config = prepared.config
-    per_device = (batch_size or config.batch_size) // world_size()
+    # One forward at a time: with gradient accumulation, a micro-batch of the global batch per device.
+    per_device = (batch_size or config.batch_size) // (world_size() * config.grad_accum)
     length = max_length or config.max_length
     collators = tuple(collator_memory(prepared, spec, max(per_device, 1), length) for spec in prepared.specs)
     return RunMemory(prepared.device, takes_turns(prepared.device) and len(collators) > 1, collators, available)
@@ -253,14 +257,15 @@ def _largest(fits, low: int, high: int) -> int | None:
 def largest_settings(prepared: Prepared, available: int) -> dict[str, int | None]:
     """The largest max length (at the run's batch size) and global batch size (at its max length) that fit
     `available`, or None where even the smallest does not."""
-    config, ranks = prepared.config, world_size()
+    config = prepared.config
+    forwards = world_size() * config.grad_accum  # a global batch is this many micro-batches
 
     def fits(**change) -> bool:
         return predict(prepared, **change).predicted_peak_bytes <= available
 
-    per_device = _largest(lambda b: fits(batch_size=b * ranks), 1, config.batch_size // ranks)
+    micro = _largest(lambda b: fits(batch_size=b * forwards), 1, config.batch_size // forwards)
     return {"max_length": _largest(lambda n: fits(max_length=n), 2, config.max_length),
-            "batch_size": None if per_device is None else per_device * ranks}
+            "batch_size": None if micro is None else micro * forwards}
 
 
 def _gb(count: int) -> str:

@@ -1,8 +1,9 @@
 """Models: offline presets (random-init from config) and real checkpoints (hub id or local folder).
 
 Presets are the blog's architectures at toy sizes so a CPU can train them in seconds. They share one offline
-tokenizer: ByT5's byte-level tokenizer needs no files and no training step, maps every UTF-8 byte to one token
-(so "tokens" are bytes and lengths are predictable), and `len(tokenizer)` = 384 sets the vocabulary size.
+tokenizer with ByT5's ids: it needs no files and no training step, maps every UTF-8 byte to one token (so "tokens"
+are bytes and lengths are predictable), `len(tokenizer)` = 384 sets the vocabulary size, and it carries a small chat
+template (`CHAT_TEMPLATE`) so conversations render and mask offline.
 Real checkpoints load through the Auto classes, never with `trust_remote_code`.
 """
 
@@ -14,8 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
-from transformers import ByT5Tokenizer
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.utils import logging as transformers_logging
 
@@ -26,7 +29,7 @@ from .isolation import exclusive
 # bury the CLI's one-line `error:` when that check refuses the model.
 transformers_logging.disable_progress_bar()
 
-BYTE_VOCAB_SIZE = 384  # len(ByT5Tokenizer()): 256 bytes + 3 specials + 125 extra ids
+BYTE_VOCAB_SIZE = 384  # ByT5's ids: 3 specials, 256 bytes, 125 extra ids
 
 # Sizes: "tiny" ≈ 0.5–1M parameters (the CPU default), "small" ≈ 4–10M, "1b" the Llama-3.2-1B shape (GPU only).
 _SIZES = {
@@ -124,9 +127,53 @@ for _family in ("llama", "mistral", "qwen2", "gemma"):
 PRESETS["llama-1b"] = Preset("llama-1b", "llama", "1b", vocab_size=128_256)
 
 
+# Packing Lab's chat template: the presets' byte tokenizer has none of its own, and a tokenizer without one gets it
+# for conversations (data.py says so in a note). Short role headers (every byte is a token here); each assistant
+# turn's text, its tool calls and the end-of-sequence token sit inside {% generation %} ... {% endgeneration %}, so
+# `apply_chat_template(..., return_assistant_tokens_mask=True)` marks exactly what assistant-only loss trains, the
+# stop token included (TRL's `is_chat_template_stop_token_trained` holds). Rendered:
+#   <|system|>\nBe brief.\n<|user|>\nWhat is 2+2?\n<|assistant|>\n4</s>\n
+CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|tools|>\\n' + (tools | tojson) + '\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{{- '<|assistant|>\\n' }}"
+    "{%- generation %}"
+    "{{- message.content or '' }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set function = call.function if call.function is defined else call %}"
+    "{{- '<tool_call>' + ({'name': function.name, 'arguments': function.arguments} | tojson) + '</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- eos_token }}"
+    "{%- endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- '<|' + message.role + '|>\\n' + message.content + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
+)
+
+
 def byte_tokenizer() -> PreTrainedTokenizerBase:
-    tokenizer = ByT5Tokenizer()
+    """ByT5's ids (0 <pad>, 1 </s>, 2 <unk>, byte b -> b + 3, 125 extra ids), built with the `tokenizers` library.
+
+    A fast tokenizer rather than transformers' Python `ByT5Tokenizer`: only a fast one maps characters to tokens,
+    which `apply_chat_template(return_assistant_tokens_mask=True)` needs. Every byte is its own token (a byte-level
+    BPE with no merges). Unlike ByT5Tokenizer it appends no `</s>` by itself: the data appends it as TRL does.
+    Built in ~2 ms.
+    """
+    byte_chars = bytes_to_unicode()  # the printable stand-in for each byte that byte-level tokenizers use
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{byte_chars[byte]: byte + 3 for byte in range(256)}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+        extra_special_tokens=[f"<extra_id_{index}>" for index in range(BYTE_VOCAB_SIZE - 259)],
+    )
     tokenizer.padding_side = "right"
+    tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 

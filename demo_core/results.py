@@ -44,6 +44,9 @@ class Result:
     rank_step_real_tokens: list[list[int]] = dataclasses.field(default_factory=list)
     rank_peak_memory_bytes: list[int | None] = dataclasses.field(default_factory=list)
     step_work_flops: list[float] = dataclasses.field(default_factory=list)  # work.step_flops of each step's batch
+    # Tokens that carry loss per step (labels that are not -100, past each sequence's first): real tokens are what the
+    # model computes, trained tokens what its loss averages over (with prompt tokens masked, fewer).
+    step_trained_tokens: list[int] = dataclasses.field(default_factory=list)
     profiled_step: int | None = None  # 1-based: the first of `profiled_steps` (documents before them had only it)
     time_anatomy: dict | None = None  # the centre of the profiled steps' anatomies (anatomy.robust_anatomy)
     profiled_steps: list[int] = dataclasses.field(default_factory=list)  # 1-based, left out of the throughput
@@ -64,6 +67,10 @@ class Result:
     @property
     def real_tokens(self) -> int:
         return sum(self.step_real_tokens)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.step_trained_tokens)
 
     @property
     def padded_slots(self) -> int:
@@ -142,7 +149,7 @@ class Result:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        for name in ("real_tokens", "padded_slots", "pad_fraction", "timed_steps", "tokens_per_s",
+        for name in ("real_tokens", "trained_tokens", "padded_slots", "pad_fraction", "timed_steps", "tokens_per_s",
                      "tokens_per_s_range", "tokens_per_s_per_device", "samples_per_s", "step_time_median_s",
                      "collate_time_share"):
             data[name] = getattr(self, name)

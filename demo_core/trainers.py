@@ -2,17 +2,24 @@
 
 `build_trainer` reads the collator's registry entry (`CollatorSpec.trainer`) and returns the trainer plus the
 recording collator it feeds, so the burst records every batch the same way whichever trainer runs:
-- "trainer": `Trainer` with the spec's own collate class; for `packed_rows` collators the data is first packed into
-  rows of at most max_length by TRL's best-fit-decreasing `pack_dataset`.
+- "trainer": `Trainer` with the spec's own collate class on the run's tokenized examples and their labels (-100 on
+  the tokens that carry no loss, rendering.py); for `packed_rows` collators the data is first packed into rows of at
+  most max_length by TRL's best-fit-decreasing `pack_dataset`.
 - "sft": the blog's second recipe, `SFTTrainer` with `SFTConfig(padding_free=True)`, packing best-fit-decreasing
-  itself when the spec says `packed_rows`. SFTTrainer builds its own collator and refuses a custom one with
-  padding-free, so its collator is wrapped after construction to record each batch; the keys stay TRL's.
+  itself when the spec says `packed_rows`. It gets the records in TRL's layout, not our tokens: TRL renders,
+  tokenizes and masks them itself (`completion_only_loss` / `assistant_only_loss` from the run's `loss_on`), so
+  its losses matching the Trainer's prove our masks are TRL's. SFTTrainer builds its own collator and refuses a
+  custom one with padding-free, so its collator is wrapped after construction to record each batch; the keys stay
+  TRL's.
+Both count each optimizer step's micro-batches (gradient accumulation) so the burst records one step per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -22,6 +29,10 @@ from trl import SFTConfig, SFTTrainer, pack_dataset
 from .collators import CollatorSpec, RecordingCollator
 from .distributed import per_device_batch_size, world_size
 from .precision import PRECISIONS
+from .schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
+
+if TYPE_CHECKING:
+    from .data import TokenizedDataset
 
 datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
 # transformers 5.24 renamed TrainingArguments' `gradient_checkpointing` to `activation_checkpointing` (the old name
@@ -46,18 +57,32 @@ class BurstSettings:
     seed: int
     gradient_checkpointing: bool = False
     threads: int | None = None  # the intra-op threads of the thread that trains (None: as it is)
+    grad_accum: int = 1  # micro-batches per optimizer step
+    loss_on: str = "all"  # resolved (rendering.resolve_loss_on): all | completion | assistant
 
 
 class RecordingTrainer(Trainer):
-    """Trainer that keeps each step's exact loss (the logged loss is rounded and averaged over logging steps)."""
+    """Trainer that keeps each optimizer step's exact loss (the logged loss is rounded and averaged over logging
+    steps), and tells its recording collator which micro-batches made each step.
+
+    With gradient accumulation Trainer normalises every micro-batch's summed token loss by the trained tokens of the
+    whole step (`num_items_in_batch`), so the step's loss is the sum of what its micro-batches return.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.step_losses: list[float] = []
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if batch_samples:
+            self.data_collator.close_step(len(batch_samples))
+            self.step_losses.append(0.0)
+        return batch_samples, num_items_in_batch
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self.step_losses.append(float(loss))
+        self.step_losses[-1] += float(loss)
         return loss
 
 
@@ -84,25 +109,54 @@ class TRLCollatorRecorder(RecordingCollator):
         return batch, lengths, batch["input_ids"].numel()
 
 
+def _features(dataset: TokenizedDataset) -> datasets.Features | None:
+    """Message lists stored as JSON (datasets' `Json`), so they reach the chat template as written: Arrow would give
+    every message every key of every other (None where absent) and every tool-call argument object the same keys."""
+    if dataset.layout not in (CONVERSATION, CHAT_PROMPT_COMPLETION):
+        return None
+    columns = ("messages",) if dataset.layout == CONVERSATION else ("prompt", "completion")
+    return datasets.Features({**{column: datasets.List(datasets.Json()) for column in columns},
+                              "tools": datasets.Value("string")})
+
+
 class TrainingRows:
     """A run's examples as the trainers read them, each form built once per run (packing the whole data takes
     seconds for 20,000 examples, and the preview and the bursts all need it)."""
 
-    def __init__(self, examples: list[list[int]], max_length: int):
-        self.examples, self.max_length = examples, max_length
+    def __init__(self, dataset: TokenizedDataset, max_length: int):
+        self.dataset, self.max_length = dataset, max_length
 
     @functools.cached_property
     def one_per_row(self) -> datasets.Dataset:
-        return datasets.Dataset.from_dict({"input_ids": self.examples})
+        return datasets.Dataset.from_dict({"input_ids": self.dataset.examples, "labels": self.dataset.labels})
 
     @functools.cached_property
     def packed(self) -> datasets.Dataset:
         """Rows of at most max_length, filled by TRL's best-fit-decreasing, each with its `seq_lengths`."""
         return pack_dataset(self.one_per_row, seq_length=self.max_length, strategy="bfd")
 
+    @functools.cached_property
+    def records(self) -> datasets.Dataset:
+        """The examples' records in TRL's layout (tools as JSON text, which SFTTrainer parses), for SFTTrainer."""
+        features = _features(self.dataset)
+        if features is None:
+            return datasets.Dataset.from_list(self.dataset.records)
+        rows = [{**record, "tools": json.dumps(record["tools"]) if "tools" in record else None}
+                for record in self.dataset.records]
+        return datasets.Dataset.from_list(rows, features=features)
+
     def for_trainer(self, spec: CollatorSpec) -> datasets.Dataset:
-        """What the spec's trainer is handed: SFTTrainer packs by itself, Trainer reads rows packed here."""
-        return self.packed if spec.packed_rows and spec.trainer == "trainer" else self.one_per_row
+        """What the spec's trainer is handed: SFTTrainer tokenizes (and packs) the records by itself, Trainer reads
+        our tokens, packed here for the packed-rows collators."""
+        if spec.trainer == "sft":
+            return self.records
+        return self.packed if spec.packed_rows else self.one_per_row
+
+
+def _truncated(dataset: datasets.Dataset, max_length: int) -> datasets.Dataset:
+    """TRL's padding-free without packing enforces no max length and asks for truncated inputs: its prepared rows cut
+    to max_length, keeping the start, as its own truncation (`truncation_mode="keep_start"`) and our data do."""
+    return dataset.map(lambda row: {"input_ids": row["input_ids"][:max_length], "labels": row["labels"][:max_length]})
 
 
 def make_optimizer(model: torch.nn.Module, settings: BurstSettings):
@@ -121,7 +175,9 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
     return dict(
         output_dir=output_dir,
         max_steps=settings.steps,
-        per_device_train_batch_size=per_device_batch_size(settings.batch_size),
+        # batch_size is examples (bfd: rows) per optimizer step, over all processes and micro-batches
+        per_device_train_batch_size=per_device_batch_size(settings.batch_size, settings.grad_accum),
+        gradient_accumulation_steps=settings.grad_accum,
         learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",
         weight_decay=0.0,
@@ -151,13 +207,16 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
 
 
 def sft_config(spec: CollatorSpec, output_dir: str, settings: BurstSettings) -> SFTConfig:
-    """TRL does not enforce `max_length` without packing, so it is None then (the examples are already truncated)."""
+    """TRL does not enforce `max_length` without packing, so it is None then (build_trainer truncates TRL's rows).
+    Which tokens carry loss is TRL's own switch: `completion_only_loss` / `assistant_only_loss`."""
     return SFTConfig(
         **training_arguments(settings, output_dir, spec.sampler),
         padding_free=True,
         packing=spec.packed_rows,
         packing_strategy="bfd",
         max_length=settings.max_length if spec.packed_rows else None,
+        completion_only_loss=settings.loss_on == "completion",
+        assistant_only_loss=settings.loss_on == "assistant",
     )
 
 
@@ -169,11 +228,13 @@ def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrai
         trainer = RecordingSFTTrainer(
             model=model,
             args=sft_config(spec, output_dir, settings),
-            # Tokenized rows (`input_ids`): SFTTrainer skips tokenizing and, with packing, packs them itself.
+            # Records in TRL's layout: SFTTrainer renders, tokenizes, masks and, with packing, packs them itself.
             train_dataset=rows.for_trainer(spec),
             processing_class=tokenizer,
             optimizers=(optimizer, None),
         )
+        if not spec.packed_rows:
+            trainer.train_dataset = _truncated(trainer.train_dataset, settings.max_length)
         trainer.data_collator = collator = TRLCollatorRecorder(tokenizer, trainer.data_collator)
         return trainer, collator
     collator = spec.collate(tokenizer)

@@ -10,6 +10,7 @@
   ideal, and when the anatomy cannot be trusted;
 - `run_summary`: one saved run in a line (the page's history table and the `/history` API);
 - `cost_markdown`: the before-training cost table of a preview;
+- `loss_sentence` / `marked_text`: which tokens carry loss, and an example with its trained parts marked;
 - `format_report`: the CLI's printed report.
 """
 
@@ -357,13 +358,55 @@ def text_table(rows: list[list[str]]) -> str:
                                in enumerate(zip(row, widths))) for row in rows)
 
 
+def loss_sentence(stats: dict, requested: str = "auto") -> str:
+    """"loss on completion (TRL's default for prompt-completion data): 1,234 of 5,678 tokens carry loss"."""
+    why = f" (TRL's default for {stats['layout']} data)" if requested == "auto" else ""
+    return (f"loss on {stats['loss_on']}{why}: {stats['trained_tokens']:,} of {stats['total_tokens']:,} tokens "
+            f"carry loss")
+
+
+def marked_text(example: dict, keep: int = 60) -> str:
+    """One shown example (dataset_stats.examples) on one line: the parts that carry loss in ⟦ ⟧, newlines as ⏎, and
+    any stretch longer than `keep` characters cut in its middle."""
+    text, pieces, start = example["text"], [], 0
+    for begin, end in example.get("loss_spans", []):
+        pieces += [(False, text[start:begin]), (True, text[begin:end])]
+        start = end
+    pieces.append((False, text[start:]))
+
+    def short(piece: str) -> str:
+        piece = piece.replace("\n", "⏎")
+        return piece if len(piece) <= keep else f"{piece[:keep // 2]} … {piece[-keep // 2:]}"
+
+    return "".join(f"⟦{short(piece)}⟧" if carries else short(piece) for carries, piece in pieces if piece)
+
+
+def _data_lines(document: dict) -> list[str]:
+    """What is trained: which tokens carry loss, per collator, and the first example with its trained part marked."""
+    stats, config = document["dataset_stats"], document["config"]
+    if "loss_on" not in stats:  # a document from before loss masks
+        return []
+    lines = [loss_sentence(stats, config.get("loss_on", "auto"))]
+    if stats.get("examples"):
+        lines.append(f"first example as trained, ⟦carries loss⟧: {marked_text(stats['examples'][0])}")
+    if document["results"]:
+        lines.append("tokens that carry loss / real tokens computed: " + ", ".join(
+            f"{result['collator']} {result['trained_tokens']:,} / {result['real_tokens']:,}"
+            for result in document["results"]))
+    return lines
+
+
 def format_report(document: dict) -> str:
     stats, config = document["dataset_stats"], document["config"]
+    accumulation = config.get("grad_accum", 1)
     lines = [
         f"model {config['model']}  attention {config['resolved_attention']}  device {config['resolved_device']}  "
-        f"precision {config['resolved_precision']}",
+        f"precision {config['resolved_precision']}" +
+        (f"  gradient accumulation {accumulation} x {config['batch_size'] // accumulation} examples per step"
+         if accumulation > 1 else ""),
         f"dataset {stats['name']}: {stats['count']} examples, mean {stats['mean']:.0f} tokens, "
         f"p50 {stats['p50']:.0f}, p90 {stats['p90']:.0f}, p99 {stats['p99']:.0f}, max {stats['max']}",
+        *_data_lines(document),
         "",
     ]
     columns = [column for column in RESULT_COLUMNS if column.in_terminal]

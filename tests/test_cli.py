@@ -9,7 +9,8 @@ import pytest
 
 from demo_core.cli import main
 
-RESULT_KEYS = {"collator", "attention", "steps", "real_tokens", "padded_slots", "pad_fraction", "tokens_per_s",
+RESULT_KEYS = {"collator", "attention", "steps", "real_tokens", "trained_tokens", "padded_slots", "pad_fraction",
+               "tokens_per_s",
                "samples_per_s", "step_time_median_s", "losses", "peak_memory_bytes", "memory",
                "timed_steps", "tokens_per_s_range", "profiled_step", "time_anatomy"}
 COMPARISON_KEYS = {"speedup_vs_padded", "ideal_speedup", "max_abs_loss_diff_vs_padded",
@@ -36,6 +37,8 @@ def test_compare_writes_every_contract_key(tmp_path):
     for collator in ("padded", "flatten"):
         assert COMPARISON_KEYS <= set(document["comparison"][collator])
     assert "flatten" in done.stdout and "tokens/s" in done.stdout
+    assert {"text", "loss_text"} <= set(document["dataset_stats"]["examples"][0])
+    assert document["config"]["resolved_loss_on"] == "all" and "⟦" in done.stdout  # the trained part, marked
     # 3 steps: one timed step, so no speedup, and the report says why in words.
     assert document["comparison"]["flatten"]["speedup_vs_padded"] is None
     assert document["comparison"]["flatten"]["flags"] == ["few-timed-steps"]
@@ -51,6 +54,9 @@ def test_compare_writes_every_contract_key(tmp_path):
     (["--dataset", "missing.jsonl"], "does not exist"),
     (["--max-length", "1"], "max length must be between"),
     (["--threads", "0"], "threads must be between 1 and"),
+    (["--loss-on", "assistant"], "loss on 'assistant' needs conversations"),
+    (["--loss-on", "prompt"], "invalid choice: 'prompt'"),
+    (["--grad-accum", "3"], "gradient accumulation steps must divide the batch size 8"),
     (["--unknown-flag"], "unrecognized arguments"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):

@@ -57,3 +57,28 @@ def test_bfd_rows_split_back_into_examples(features):
     batch, stats = collate("bfd", [row])
     assert stats.cu_seqlens == [0, 4, 20, 51, 65]
     assert batch["cu_seq_lens_q"].tolist() == [0, 4, 20, 51, 65]
+
+
+def test_tokens_that_carry_no_loss_stay_minus_100_in_every_collator(features):
+    # The first half of each example is its prompt (-100), the second half its answer.
+    masked = [{**f, "labels": [-100] * (len(f["input_ids"]) // 2) + f["input_ids"][len(f["input_ids"]) // 2:]}
+              for f in features]
+    answers = sum(n - n // 2 for n in LENGTHS)
+    for name in ("padded", "flatten", "naive-concat"):
+        batch, stats = collate(name, masked)
+        assert stats.trained_tokens == (batch["labels"] != -100).sum().item() == answers, name
+    row = {key: sum((f[key] for f in masked), []) for key in ("input_ids", "labels")}
+    batch, stats = collate("bfd", [{**row, "seq_lengths": LENGTHS}])
+    assert batch["labels"].tolist() == collate("flatten", masked)[0]["labels"].tolist()
+    assert stats.trained_tokens == answers
+
+
+def test_a_step_of_micro_batches_adds_them_up_and_keeps_each_ones_lengths(features):
+    collator = make_collator("padded", byte_tokenizer())
+    for batch in (features[:2], features[2:], features[:1]):  # the trainer builds one batch ahead
+        collator(batch)
+    collator.close_step(2)
+    (step,) = collator.step_stats
+    assert step.micro_lengths == [[4, 16], [31, 14]] and step.lengths == LENGTHS
+    assert (step.real_tokens, step.padded_slots, step.examples) == (65, 2 * 16 + 2 * 31, 4)
+    assert step.trained_tokens == 65 - 4 and len(collator.pending_stats) == 1

@@ -17,7 +17,9 @@ from serving import provenance
 
 HELP = "steps of linear learning-rate warm-up before the timed steps"
 # The one declaration: a field like any of RunConfig's, with the next free API position and page place.
-NEW = ("warmup_steps", int, setting(0, minimum=0, api=12, page=Widget(12, more=True), help=HELP))
+NEXT_API = max(item.api for item in api_settings(RunConfig)) + 1
+NEXT_PAGE = max(item.page.order for item in page_settings(RunConfig)) + 1
+NEW = ("warmup_steps", int, setting(0, minimum=0, api=NEXT_API, page=Widget(NEXT_PAGE, more=True), help=HELP))
 
 
 @pytest.fixture
@@ -67,7 +69,8 @@ def test_a_new_setting_reaches_the_page_the_api_and_the_provenance_line(config_w
         demo.close()
     for name in ("/compare", "/preview"):
         parameters = endpoints["named_endpoints"][name]["parameters"]
-        assert [p["parameter_name"] for p in parameters][11:] == ["dataset_file", "warmup_steps"]  # after today's
+        names = [p["parameter_name"] for p in parameters]
+        assert names[11] == "dataset_file" and names[-1] == "warmup_steps"  # after every earlier parameter
         new = parameters[-1]
         assert (new["python_type"], new["parameter_default"]) == ({"type": "int", "description": HELP}, 0)
 

@@ -48,16 +48,20 @@ def test_trl_results_report_every_metric_a_burst_does(document):
     assert min(phases["forward"], phases["backward"], phases["optimizer"]) > 0
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_sft_config_follows_the_run_not_trl_defaults(tmp_path, checkpointing):
-    settings = BurstSettings(steps=1, batch_size=2, max_length=128, learning_rate=1e-3, optimizer="adamw",
-                             precision="fp32", device="cpu", seed=0, gradient_checkpointing=checkpointing)
+@pytest.mark.parametrize("checkpointing, loss_on", [(False, "completion"), (True, "assistant")])
+def test_sft_config_follows_the_run_not_trl_defaults(tmp_path, checkpointing, loss_on):
+    settings = BurstSettings(steps=1, batch_size=4, max_length=128, learning_rate=1e-3, optimizer="adamw",
+                             precision="fp32", device="cpu", seed=0, gradient_checkpointing=checkpointing,
+                             grad_accum=2, loss_on=loss_on)
     padding_free = sft_config(COLLATORS["trl-padding-free"], str(tmp_path), settings)
     bfd = sft_config(COLLATORS["trl-bfd"], str(tmp_path), settings)
     # SFTConfig defaults to checkpointing on; padding-free without packing refuses a max_length.
     assert padding_free.activation_checkpointing is bfd.activation_checkpointing is checkpointing
     assert (padding_free.padding_free, padding_free.packing, padding_free.max_length) == (True, False, None)
     assert (bfd.packing, bfd.packing_strategy, bfd.max_length) == (True, "bfd", 128)
+    # Which tokens carry loss is TRL's own switch; the batch is 2 micro-batches of 2.
+    assert (bfd.completion_only_loss, bfd.assistant_only_loss) == (loss_on == "completion", loss_on == "assistant")
+    assert (bfd.per_device_train_batch_size, bfd.gradient_accumulation_steps) == (2, 2)
 
 
 def test_preview_shows_trl_batches_like_their_engine_twins():
