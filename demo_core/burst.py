@@ -24,11 +24,12 @@ from transformers import PrinterCallback, Trainer, TrainerCallback
 from . import memory_estimate, memory_measure
 from .anatomy import PROFILED_STEP, StepProfiler
 from .collators import BatchStats, CollatorSpec
-from .distributed import merge_ranks
+from .distributed import merge_ranks, world_size
 from .models import ModelSource
+from .planner import per_device_estimate
 from .results import Result
 from .timing import Turns, TurnTaking
-from .trainers import TrainingRows, build_trainer, make_optimizer
+from .trainers import TrainingRows, build_trainer
 from .work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
@@ -45,6 +46,7 @@ class BurstSettings:
     device: str  # "cpu" | "cuda"
     seed: int
     gradient_checkpointing: bool = False
+    fsdp: bool = False
 
 
 def _synchronize(device: str) -> None:
@@ -126,7 +128,11 @@ class MemoryRecorder(TrainerCallback):
 
 def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, spec: CollatorSpec,
                     attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
-    """(the result's `memory` report, peak bytes) for the batch that step 1 measured."""
+    """(the result's `memory` report, peak bytes) for the batch that step 1 measured.
+
+    Under FSDP the estimate is the planner's for this many processes (`plan --gpus N --shard fsdp`): this process's
+    shards of weights, gradients and optimizer state, its own activations; `unsharded_estimate` is one full copy.
+    """
     lengths = first_batch.lengths
     if spec.layout == "padded":
         step = memory_estimate.StepShape.padded(lengths)
@@ -136,12 +142,14 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     else:
         step = memory_estimate.StepShape.packed_row(lengths)
     measured = recorder.measured or {}
-    estimate = memory_estimate.estimate_memory_detail(source.config, step, memory_estimate.TrainingSettings(
+    training = memory_estimate.TrainingSettings(
         precision=settings.precision, optimizer=settings.optimizer, attention=attention,
         gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
         context_bytes=measured.get("context"),
         loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
-    ))
+    )
+    unsharded = memory_estimate.estimate_memory_detail(source.config, step, training)
+    estimate = per_device_estimate(source.config, step, training, world_size(), "fsdp") if settings.fsdp else unsharded
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
     else:
@@ -153,6 +161,9 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
     report["phase_peaks"] = dict(recorder.peaks.peaks)
+    if settings.fsdp:
+        report["shard"] = "fsdp"
+        report["unsharded_estimate"] = unsharded.categories
     return report, peak_bytes
 
 
@@ -222,9 +233,8 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
     model.config.use_cache = False
-    optimizer = make_optimizer(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
-        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir, optimizer)
+        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir)
         recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
         memory_recorder = MemoryRecorder(model, settings.device)
         profiler = StepProfiler(model, settings.device)
@@ -237,6 +247,6 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
             result = train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
         finally:
             profiler.abandon()
-    del trainer, model, optimizer, memory_recorder, profiler
+    del trainer, model, memory_recorder, profiler
     release_memory()
     return merge_ranks(result)

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--learning-rate", default=defaults.learning_rate)
     compare.add_argument("--device", default=defaults.device, choices=DEVICE_NAMES)
     compare.add_argument("--gradient-checkpointing", action="store_true")
+    compare.add_argument("--fsdp", action="store_true",
+                         help="under torchrun / accelerate launch: shard weights, gradients and optimizer state over "
+                              "the processes (FSDP2) instead of a full copy on each (DDP)")
     compare.add_argument("--threads", default=None, help="CPU threads for training (default 1 on a CPU: with more, "
                          "every parallel operator waits for a thread the OS gave to other work, and a shared "
                          "machine's speedups swing 2x; on a dedicated machine, its core count)")
@@ -61,7 +64,7 @@ def _compare(args) -> None:
         model=args.model, dataset=args.dataset, samples=args.samples, collators=args.collators, steps=args.steps,
         batch_size=args.batch_size, attention=args.attention, seed=args.seed, max_length=args.max_length,
         precision=args.precision, optimizer=args.optimizer, learning_rate=args.learning_rate, device=args.device,
-        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads,
+        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads, fsdp=args.fsdp,
     )
     document = run_comparison(config).to_dict()
     distributed.close()

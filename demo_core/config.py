@@ -109,6 +109,9 @@ class RunConfig:
     device: str = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # CPU threads for training; None: 1 on a CPU (see engine.resolve_threads)
+    # Under torchrun / accelerate launch: shard weights, gradients and optimizer state over the processes (FSDP2)
+    # instead of a full copy on each (DDP). What it cannot train is refused in distributed.check_fsdp.
+    fsdp: bool = False
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field."""
@@ -136,6 +139,8 @@ class RunConfig:
             raise DemoInputError(f"seed must be 0 or more, got {seed}")
         if threads is not None and not 1 <= threads <= (os.cpu_count() or 1):
             raise DemoInputError(f"threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
+        if not isinstance(self.fsdp, bool):
+            raise DemoInputError(f"fsdp must be true or false, got {self.fsdp!r}")
         if not learning_rate > 0:
             raise DemoInputError(f"learning rate must be positive, got {learning_rate}")
         for field, allowed in (

@@ -121,6 +121,7 @@ class Prepared:
             steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
             learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
             device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
+            fsdp=config.fsdp,
         )
 
     def comparison(self, results: list[Result], contamination: list[dict] | None = None) -> Comparison:
@@ -144,6 +145,7 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     config = config.validated(limits)
     distributed.per_device_batch_size(config.batch_size)  # fails on every rank alike, before any collective
     device = resolve_device(config.device)
+    distributed.check_fsdp(config.fsdp, device)
     precision = resolve_precision(config.precision, device)
     source = load_model_source(config.model)
     positions = max_positions(source.config)

@@ -306,6 +306,22 @@ def text_table(rows: list[list[str]]) -> str:
                                in enumerate(zip(row, widths))) for row in rows)
 
 
+def rank_memory_rows(document: dict) -> list[list[str]]:
+    """Each rank's measured bytes per category of one process, with its estimate and the error (`memory["ranks"]`)."""
+    categories = ("weights", "gradients", "optimizer", "activations")
+
+    def cell(entry: dict, category: str) -> str:
+        measured, estimate, error = (entry[key][category] for key in ("measured", "estimate", "error"))
+        if measured is None:
+            return "–"
+        return f"{human_bytes(measured)} ({human_bytes(estimate)}, {'–' if error is None else f'{error:+.2%}'})"
+
+    rows = [["collator", "rank", *categories]]
+    rows += [[result["collator"], str(rank), *(cell(entry, category) for category in categories)]
+             for result in document["results"] for rank, entry in enumerate(result["memory"].get("ranks", []))]
+    return rows
+
+
 def format_report(document: dict) -> str:
     stats, config = document["dataset_stats"], document["config"]
     lines = [
@@ -329,10 +345,14 @@ def format_report(document: dict) -> str:
     lines += ["", *(gap.replace("**", "") for gap in gaps)] if gaps else []
     world_size = document["environment"].get("world_size", 1)
     if world_size > 1:
-        lines.append(f"{world_size} processes (DDP), {config['batch_size'] // world_size} examples each per step: "
-                     "tokens/s and samples/s are the aggregate; per process tokens/s:")
+        sharding = "FSDP: weights, gradients and optimizer state sharded" if config.get("fsdp") else "DDP"
+        lines.append(f"{world_size} processes ({sharding}), {config['batch_size'] // world_size} examples each per "
+                     "step: tokens/s and samples/s are the aggregate; per process tokens/s:")
         lines += [f"  {result['collator']}: {' / '.join(f'{rate:.0f}' for rate in result['tokens_per_s_per_device'])}"
-                  for result in document["results"]]
+                  for result in document["results"] if result["tokens_per_s_per_device"]]
+        estimated_by = f"plan --gpus {world_size} --shard fsdp" if config.get("fsdp") else "estimated"
+        lines += ["", f"memory per process at step 1: measured ({estimated_by}, error)",
+                  text_table(rank_memory_rows(document))]
     contamination = document["contamination"]
     if contamination:
         lines.append("")

@@ -1,4 +1,5 @@
-"""DDP on CPU: two gloo processes under torchrun train on the single-process global batch and get its losses.
+"""DDP and FSDP on CPU: two gloo processes under torchrun train on the single-process global batch and get its losses;
+under FSDP each holds half the weights, gradients and optimizer state, as the planner predicts.
 
 Each launch runs in its own process session with a timeout, so a hung rank fails the test instead of stalling CI,
 and torchrun's per-rank logs (`--log-dir --redirects 3`) show what each rank printed on its own.
@@ -85,6 +86,49 @@ def test_two_gloo_ranks_match_the_single_process_run(tmp_path, single_process):
     table, quiet = rank_logs(tmp_path / "logs", "stdout")
     assert "2 processes (DDP)" in table and "padded" in table
     assert quiet == ""
+
+
+def test_fsdp_over_two_gloo_ranks_matches_one_process_with_half_the_states_on_each(tmp_path, single_process):
+    out = tmp_path / "result.json"
+    launch = torchrun([*RUN, "--batch-size", "4", "--fsdp", "--json", str(out)], tmp_path / "logs", 240)
+    assert launch.returncode == 0, launch.stdout[-3000:]
+    document = json.loads(out.read_text())
+    assert document["config"]["fsdp"] is True and document["environment"]["world_size"] == 2
+
+    single = {result["collator"]: result for result in single_process["results"]}
+    results = {result["collator"]: result for result in document["results"]}
+    for name, result in results.items():
+        reference = single[name]
+        # The same global batches, and the same losses as one process, padded and packed alike.
+        assert result["step_real_tokens"] == reference["step_real_tokens"]
+        assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < 1e-4
+        assert result["memory"]["shard"] == "fsdp"
+        assert len(result["memory"]["ranks"]) == 2
+        for rank in result["memory"]["ranks"]:
+            for category in ("weights", "gradients", "optimizer"):
+                # Each rank holds half of what one process holds (its local shards, summed)...
+                assert rank["measured"][category] == pytest.approx(reference["memory"]["measured"][category] / 2,
+                                                                   rel=0.01), (name, category)
+                # ...and the planner's FSDP estimate for 2 GPUs says so.
+                assert abs(rank["error"][category]) < 0.05, (name, category, rank)
+            # Activations are each rank's own, not sharded: FSDP's gathered weights are not counted among them.
+            assert abs(rank["error"]["activations"]) < 0.05, (name, rank)
+    assert max(abs(a - b) for a, b in zip(results["flatten"]["losses"], results["padded"]["losses"])) < 1e-4
+
+    table, quiet = rank_logs(tmp_path / "logs", "stdout")
+    assert "2 processes (FSDP" in table and "plan --gpus 2 --shard fsdp" in table
+    assert quiet == ""
+
+
+def test_fsdp_is_refused_where_it_cannot_shard(monkeypatch):
+    with pytest.raises(DemoInputError, match="over several processes"):
+        run_comparison(RunConfig(fsdp=True, device="cpu"))  # one process: nothing to shard over
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # accelerate launch --use_fsdp without --fsdp
+    with pytest.raises(DemoInputError, match="pass --fsdp"):
+        run_comparison(RunConfig(device="cpu"))
+    with pytest.raises(DemoInputError, match="fsdp must be true or false"):
+        RunConfig(fsdp="yes").validated()
 
 
 def test_bad_argument_fails_on_every_rank_alike(tmp_path):
