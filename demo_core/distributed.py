@@ -74,14 +74,15 @@ def fsdp_training_arguments(fsdp: bool) -> dict:
 
 
 class FSDPTrainerMixin:
-    """Mixed into the trainers: Trainer's FSDP support, as one process would train, on CPU processes too.
+    """Mixed into the trainers: Trainer's FSDP support, training as one process trains, on CPU processes too.
 
-    - The precision stays the run's: with bf16 or fp16 accelerate would also set FSDP's own mixed precision
-      (weights gathered and gradients reduced in half precision), numerics one process does not have. An empty
-      `MixedPrecisionPolicy` gathers and reduces in fp32 under the same autocast as one process, so the loss is one
-      process's and the memory is what the planner counts (fp32 layers gathered).
+    - Precision stays the run's. With bf16 or fp16, accelerate's FSDP2 would not autocast; it would set FSDP's own
+      mixed precision instead (weights gathered in half precision, norms run in it, gradients reduced in it):
+      numerics one process does not have. Here FSDP's policy is left empty (fp32 gathered and reduced) and the
+      forward runs under the same autocast as one process, so the losses are one process's and the memory is what
+      the planner counts (fp32 layers gathered, autocast's half copies). The price: all-gathers of twice the bytes.
     - accelerate 1.15 turns its FSDP plugin on only for GPU-like process groups (`AcceleratorState`: MULTI_GPU,
-      MULTI_XPU, ...), and CPU processes (MULTI_CPU) silently get DDP, a full copy on every rank, with the FSDP
+      MULTI_XPU, ...): CPU processes (MULTI_CPU) silently get DDP, a full copy on every rank, with the FSDP
       arguments set. FSDP2 runs on CPU with gloo, so CPU processes get the state accelerate gives a GPU group: the
       FSDP type and the same plugin. From there on everything (fully_shard per layer, the optimizer moved onto the
       shards, Trainer's FSDP branches) is accelerate's and Trainer's own code, as on GPUs.
@@ -96,6 +97,12 @@ class FSDPTrainerMixin:
             state.distributed_type = DistributedType.FSDP
             state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
             self.is_fsdp_enabled = True
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """Trainer leaves autocast to accelerate, which wraps the model's forward in it, except under FSDP2."""
+        if self.is_fsdp_enabled:
+            return self.accelerator.autocast()
+        return super().autocast_smart_context_manager(cache_enabled)
 
 
 def gather(value) -> list:
