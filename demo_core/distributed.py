@@ -124,6 +124,9 @@ def merge_ranks(result: Result) -> Result:
     `memory["ranks"]` adds every rank's estimate, measurement and error, in rank order.
     """
     ranks = gather(result)
+    memory = result.memory
+    if len(ranks) > 1:
+        memory = {**memory, "ranks": [{key: r.memory[key] for key in ("estimate", "measured", "error")} for r in ranks]}
 
     def per_step(field: str, combine) -> list:
         return [combine(values) for values in zip(*(getattr(r, field) for r in ranks))]
@@ -142,8 +145,7 @@ def merge_ranks(result: Result) -> Result:
         world_size=len(ranks),
         rank_step_real_tokens=[r.step_real_tokens for r in ranks],
         rank_peak_memory_bytes=[r.peak_memory_bytes for r in ranks],
-        memory={**result.memory, "ranks": [{key: r.memory[key] for key in ("estimate", "measured", "error")}
-                                           for r in ranks]} if len(ranks) > 1 else result.memory,
+        memory=memory,
     )
 
 

@@ -11,8 +11,8 @@ What each number is (the estimate of the same categories is in memory_estimate.p
     context      the CUDA context and library workspaces: NVML used minus the allocator's reserved bytes
                  (`device_memory_snapshot`); 0 on CPU
 
-Under FSDP (distributed.fully_sharded) parameters, gradients and optimizer state are DTensors: every sum counts
-this process's local shard (`local_tensor`), the bytes this process holds.
+Under FSDP (`compare --fsdp`) parameters, gradients and optimizer state are DTensors: every sum counts this
+process's local shard (`local_tensor`), the bytes this process holds.
 
 `memory_report` puts an estimate next to a measurement with the relative error per category.
 """
@@ -36,7 +36,8 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def storage_key(t: torch.Tensor) -> tuple[str, int, int]:
     """(device, address, bytes) of the storage behind `t` (its local shard's, for a DTensor): views of one storage
-    share it. FSDP2's shards of a parameter are views of one padded flat storage per rank, so that is counted."""
+    share it. FSDP2's shards are views too: a weight's shard of its zero-padded chunk (an uneven split pads the last
+    ranks), a layer's gradient shards of one reduce-scatter output; the storage is what the process holds."""
     t = local_tensor(t)
     storage = t.untyped_storage()
     return (str(t.device), storage.data_ptr(), storage.nbytes())
@@ -102,7 +103,7 @@ class SavedActivationMeter:
         self._handles: list[Any] = []
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t._base if t._base is not None else t, torch.nn.Parameter):
+        if self.model is not None and isinstance(t._base if t._base is not None else t, torch.nn.Parameter):
             # A parameter or a view of one. Under FSDP the full weights a layer computes with are parameters
             # gathered for that layer only (not the model's sharded ones): weights, not activations.
             return t
