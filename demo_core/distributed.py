@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch.distributed.fsdp import MixedPrecisionPolicy
+from transformers import PretrainedConfig
 
+from .attention import model_class
 from .errors import DemoInputError
 from .results import Result
 
@@ -48,8 +50,9 @@ def per_device_batch_size(batch_size: int) -> int:
     return batch_size // processes
 
 
-def check_fsdp(fsdp: bool, device: str) -> None:
-    """Refuses what FSDP cannot run here, on every rank alike and before any collective (see the module docstring)."""
+def check_fsdp(fsdp: bool, device: str, config: PretrainedConfig) -> None:
+    """Refuses what FSDP cannot run here, on every rank alike and before any collective (see the module docstring).
+    `config`: the model's, whose causal LM class will train."""
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not fsdp:
         # accelerate would shard from its own config (perhaps FSDP1, offloading), unmeasured and unestimated here.
         raise DemoInputError("accelerate's own FSDP (accelerate launch --use_fsdp, or an FSDP accelerate config) is "
@@ -65,6 +68,12 @@ def check_fsdp(fsdp: bool, device: str) -> None:
         # fully_shard builds its device mesh on the machine's accelerator, so CPU processes would get GPU shards.
         raise DemoInputError("--fsdp --device cpu needs the GPUs hidden (CUDA_VISIBLE_DEVICES= ): torch's fully_shard "
                              "places the shards on the GPU whenever one is visible; or run on cuda")
+    causal_lm = model_class(type(config))
+    if not getattr(causal_lm, "_no_split_modules", None):
+        # Without layer groups the root group holds every layer, gathered whole from the forward to the backward.
+        raise DemoInputError(f"{causal_lm.__name__} names no decoder layer class (_no_split_modules), which FSDP "
+                             f"shards and gathers one at a time: it would gather the whole model at once; run it "
+                             f"without --fsdp")
 
 
 def fsdp_training_arguments(fsdp: bool) -> dict:

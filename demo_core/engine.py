@@ -145,9 +145,9 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     config = config.validated(limits)
     distributed.per_device_batch_size(config.batch_size)  # fails on every rank alike, before any collective
     device = resolve_device(config.device)
-    distributed.check_fsdp(config.fsdp, device)
     precision = resolve_precision(config.precision, device)
     source = load_model_source(config.model)
+    distributed.check_fsdp(config.fsdp, device, source.config)
     positions = max_positions(source.config)
     if positions is not None and config.max_length > positions:
         raise DemoInputError(f"max length {config.max_length} exceeds what {config.model} supports ({positions})")

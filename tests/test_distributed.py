@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import LlamaForCausalLM
 
 from demo_core import DemoInputError, RunConfig, run_comparison
 from demo_core import distributed
@@ -131,6 +132,10 @@ def test_fsdp_is_refused_where_it_cannot_shard(monkeypatch):
     with pytest.raises(DemoInputError, match="over several processes"):
         run_comparison(RunConfig(fsdp=True, device="cpu"))  # one process: nothing to shard over
     monkeypatch.setenv("WORLD_SIZE", "2")
+    # A model with no decoder layer class to group by would be gathered whole.
+    monkeypatch.setattr(LlamaForCausalLM, "_no_split_modules", None)
+    with pytest.raises(DemoInputError, match="LlamaForCausalLM names no decoder layer class"):
+        run_comparison(RunConfig(fsdp=True, device="cpu", model="tiny-llama"))
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # accelerate launch --use_fsdp without --fsdp
     with pytest.raises(DemoInputError, match="pass --fsdp"):
         run_comparison(RunConfig(device="cpu"))
