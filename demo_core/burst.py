@@ -25,13 +25,14 @@ from transformers import PrinterCallback, Trainer, TrainerCallback
 from . import memory_estimate, memory_measure
 from .anatomy import StepProfiler, profiled_steps
 from .collators import BatchStats, CollatorSpec
-from .distributed import merge_ranks
+from .distributed import merge_ranks, world_size
 from .isolation import RunStream
 from .memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
 from .models import ModelSource
+from .planner import per_device_estimate
 from .results import Result
 from .timing import Turns, TurnTaking
-from .trainers import BurstSettings, TrainingRows, build_trainer, make_optimizer
+from .trainers import BurstSettings, TrainingRows, build_trainer
 from .work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
@@ -116,11 +117,16 @@ class MemoryRecorder(TrainerCallback):
 
 def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, spec: CollatorSpec,
                     attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
-    """(the result's `memory` report, peak bytes) for the batch that step 1 measured (its first micro-batch)."""
+    """(the result's `memory` report, peak bytes) for the batch that step 1 measured (its first micro-batch).
+
+    Under FSDP the estimate is the planner's for this many processes (`plan --gpus N --shard fsdp`): this process's
+    shards of weights, gradients and optimizer state, its own activations; `unsharded_estimate` is one full copy.
+    """
     measured = recorder.measured or {}
-    estimate = memory_estimate.estimate_memory_detail(
-        source.config, step_shape(spec, first_batch.micro_lengths[0]),
-        burst_memory_settings(spec, attention, settings, context_bytes=measured.get("context")))
+    step = step_shape(spec, first_batch.micro_lengths[0])
+    training = burst_memory_settings(spec, attention, settings, context_bytes=measured.get("context"))
+    unsharded = memory_estimate.estimate_memory_detail(source.config, step, training)
+    estimate = per_device_estimate(source.config, step, training, world_size(), "fsdp") if settings.fsdp else unsharded
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
     else:
@@ -132,6 +138,9 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
     report["phase_peaks"] = dict(recorder.peaks.peaks)
+    if settings.fsdp:
+        report["shard"] = "fsdp"
+        report["unsharded_estimate"] = unsharded.categories
     return report, peak_bytes
 
 
@@ -236,9 +245,8 @@ def _run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atte
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
     model.config.use_cache = False
-    optimizer = make_optimizer(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
-        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir, optimizer)
+        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir)
         recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
         memory_recorder = MemoryRecorder(model, settings.device)
         profiler = StepProfiler(model, settings.device, profiled_steps(settings.steps))

@@ -124,6 +124,8 @@ class RunConfig:
                               shown="{} micro-batches per step",
                               help="each optimizer step runs N micro-batches of batch size / N examples, its loss "
                                    "normalised by the trained tokens of all N (must divide the batch size)")
+    fsdp: bool = setting(False, help="under torchrun / accelerate launch: shard weights, gradients and optimizer state "
+                                     "over the processes (FSDP2) instead of a full copy on each (DDP)")
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field: the declared numbers,

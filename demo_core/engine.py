@@ -119,6 +119,7 @@ class Prepared:
             learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
             device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
             threads=self.threads, grad_accum=config.grad_accum, loss_on=self.dataset.loss_on,
+            fsdp=config.fsdp,
         )
 
     def comparison(self, results: list[Result], contamination: list[dict] | None = None,
@@ -149,6 +150,7 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     device = resolve_device(config.device)
     precision = precisions.resolve(config.precision, device)
     source = load_model_source(config.model)
+    distributed.check_fsdp(config.fsdp, device, source.config)
     positions = max_positions(source.config)
     if positions is not None and config.max_length > positions:
         raise DemoInputError(f"max length {config.max_length} exceeds what {config.model} supports ({positions})")

@@ -6,10 +6,13 @@ What each number is (the estimate of the same categories is in memory_estimate.p
     gradients    every parameter's `.grad`
     optimizer    the tensors in `optimizer.state` (accelerate's AcceleratedOptimizer unwrapped)
     activations  what autograd saves for backward during one forward (`SavedActivationMeter`: saved-tensor hooks,
-                 one count per storage, parameters excluded)
+                 one count per storage, parameters excluded, FSDP's gathered full weights too)
     temporary    only an allocator timeline shows it: per-phase CUDA peaks (`PhasePeaks`); None otherwise
     context      the CUDA context and library workspaces: NVML used minus the allocator's reserved bytes
                  (`device_memory_snapshot`); 0 on CPU
+
+Under FSDP (`compare --fsdp`) parameters, gradients and optimizer state are DTensors: every sum counts this
+process's local shard (`local_tensor`), the bytes this process holds.
 
 `memory_report` puts an estimate next to a measurement with the relative error per category.
 """
@@ -20,12 +23,22 @@ import os
 from typing import Any, Iterable, Mapping
 
 import torch
+from torch.distributed.tensor import DTensor
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary", "context")
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What this process holds of `t`: a DTensor's local shard (FSDP2 keeps parameters, gradients and optimizer
+    state as DTensors sharded over the processes), any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def storage_key(t: torch.Tensor) -> tuple[str, int, int]:
-    """(device, address, bytes) of the storage behind `t`: views of one storage share it."""
+    """(device, address, bytes) of the storage behind `t` (its local shard's, for a DTensor): views of one storage
+    share it. FSDP2's shards are views too: a weight's shard of its zero-padded chunk (an uneven split pads the last
+    ranks), a layer's gradient shards of one reduce-scatter output; the storage is what the process holds."""
+    t = local_tensor(t)
     storage = t.untyped_storage()
     return (str(t.device), storage.data_ptr(), storage.nbytes())
 
@@ -90,6 +103,10 @@ class SavedActivationMeter:
         self._handles: list[Any] = []
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.model is not None and isinstance(t._base if t._base is not None else t, torch.nn.Parameter):
+            # A parameter or a view of one. Under FSDP the full weights a layer computes with are parameters
+            # gathered for that layer only (not the model's sharded ones): weights, not activations.
+            return t
         key = storage_key(t)
         if (key[0], key[1]) not in self._param_ptrs and key not in self._keys:
             self._keys.add(key)
@@ -102,7 +119,7 @@ class SavedActivationMeter:
         if self._hooks is not None:
             return
         self._param_ptrs = (
-            {(str(p.device), p.untyped_storage().data_ptr()) for p in self.model.parameters()}
+            {storage_key(p)[:2] for p in self.model.parameters()}
             if self.model is not None else set()
         )
         self._keys = set()

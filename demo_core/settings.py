@@ -197,6 +197,8 @@ def as_float(name: str, value) -> float:
 def _checked(item: Setting, value, limits):
     if value is None and item.optional:
         return None
+    if item.base is bool and not isinstance(value, bool):
+        raise DemoInputError(f"{item.words} must be true or false, got {value!r}")
     if item.base is int:
         value = as_int(item.words, value)
     elif item.base is float:

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
 from trl import SFTConfig, SFTTrainer, pack_dataset
 
 from .collators import CollatorSpec, RecordingCollator
-from .distributed import per_device_batch_size, world_size
+from .distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
 from .precision import PRECISIONS
 from .schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
 
@@ -59,9 +59,10 @@ class BurstSettings:
     threads: int | None = None  # the intra-op threads of the thread that trains (None: as it is)
     grad_accum: int = 1  # micro-batches per optimizer step
     loss_on: str = "all"  # resolved (rendering.resolve_loss_on): all | completion | assistant
+    fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (distributed.py)
 
 
-class RecordingTrainer(Trainer):
+class RecordingTrainer(FSDPTrainerMixin, Trainer):
     """Trainer that keeps each optimizer step's exact loss (the logged loss is rounded and averaged over logging
     steps), and tells its recording collator which micro-batches made each step.
 
@@ -159,14 +160,16 @@ def _truncated(dataset: datasets.Dataset, max_length: int) -> datasets.Dataset:
     return dataset.map(lambda row: {"input_ids": row["input_ids"][:max_length], "labels": row["labels"][:max_length]})
 
 
-def make_optimizer(model: torch.nn.Module, settings: BurstSettings):
-    """None lets Trainer build torch AdamW; SGD with momentum 0.9 is built here (Trainer's "sgd" has none).
+def optimizer_class_and_kwargs(settings: BurstSettings) -> tuple[type[torch.optim.Optimizer], dict] | None:
+    """None lets Trainer build torch AdamW (`optim`); SGD with momentum 0.9 is named here (Trainer's "sgd" has none).
+    Trainer builds both from the model it trains (under FSDP it refuses an optimizer built beforehand).
 
     Both fused: one kernel over all parameters instead of a Python loop of small ops per parameter, the same update.
-    A step's fixed cost, which packing cannot shrink: small-llama SGD 13 -> 8 ms per step on one CPU thread.
+    A step's fixed cost, which packing cannot shrink: small-llama SGD 13 -> 8 ms per step on one CPU thread. Under
+    FSDP, SGD takes torch's loop: FSDP's sharded tensors (DTensor) have no rule for fused SGD in torch 2.13.
     """
     if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9, fused=True)
+        return torch.optim.SGD, {"lr": settings.learning_rate, "momentum": 0.9, "fused": not settings.fsdp}
     return None
 
 
@@ -195,6 +198,7 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
         ddp_backend="gloo" if settings.device == "cpu" and world_size() > 1 else None,
         ddp_find_unused_parameters=False,
         average_tokens_across_devices=True,
+        **fsdp_training_arguments(settings.fsdp),
         # Trainer's and SFTConfig's defaults differ (SFTConfig turns it on): every burst follows the run's setting.
         **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
         dataloader_num_workers=0,
@@ -221,8 +225,8 @@ def sft_config(spec: CollatorSpec, output_dir: str, settings: BurstSettings) -> 
 
 
 def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                  rows: TrainingRows, settings: BurstSettings, output_dir: str,
-                  optimizer) -> tuple[RecordingTrainer, RecordingCollator]:
+                  rows: TrainingRows, settings: BurstSettings, output_dir: str
+                  ) -> tuple[RecordingTrainer, RecordingCollator]:
     """(the trainer, the recording collator whose `pending_stats` it fills, one BatchStats per batch)."""
     if spec.trainer == "sft":
         trainer = RecordingSFTTrainer(
@@ -231,7 +235,7 @@ def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrai
             # Records in TRL's layout: SFTTrainer renders, tokenizes, masks and, with packing, packs them itself.
             train_dataset=rows.for_trainer(spec),
             processing_class=tokenizer,
-            optimizers=(optimizer, None),
+            optimizer_cls_and_kwargs=optimizer_class_and_kwargs(settings),
         )
         if not spec.packed_rows:
             trainer.train_dataset = _truncated(trainer.train_dataset, settings.max_length)
@@ -243,6 +247,6 @@ def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrai
         args=TrainingArguments(**training_arguments(settings, output_dir, spec.sampler), remove_unused_columns=False),
         train_dataset=rows.for_trainer(spec),
         data_collator=collator,
-        optimizers=(optimizer, None),
+        optimizer_cls_and_kwargs=optimizer_class_and_kwargs(settings),
     )
     return trainer, collator

@@ -396,6 +396,30 @@ def _data_lines(document: dict) -> list[str]:
     return lines
 
 
+def rank_memory_lines(document: dict) -> list[str]:
+    """Each rank's measured bytes per category at step 1 with the error of its estimate (`memory["ranks"]`); under
+    FSDP the estimate is the planner's for this many GPUs, and one process's full copy is shown beside it."""
+    if not any("ranks" in result["memory"] for result in document["results"]):
+        return []
+    world_size, fsdp = document["environment"]["world_size"], document["config"].get("fsdp")
+    categories = ("weights", "gradients", "optimizer", "activations")
+
+    def cell(entry: dict, category: str) -> str:
+        measured, error = entry["measured"][category], entry["error"][category]
+        return "–" if measured is None else f"{human_bytes(measured)} {'' if error is None else f'{error:+.2%}'}"
+
+    rows = [["collator", "rank", *categories]]
+    rows += [[result["collator"], str(rank), *(cell(entry, category) for category in categories)]
+             for result in document["results"] for rank, entry in enumerate(result["memory"].get("ranks", []))]
+    estimated_by = f"plan --gpus {world_size} --shard fsdp" if fsdp else "the estimate"
+    lines = ["", f"memory per process at step 1, measured, and the error of {estimated_by}:", text_table(rows)]
+    if fsdp and document["results"]:
+        full = document["results"][0]["memory"]["unsharded_estimate"]
+        lines.append("one process without sharding holds " + ", ".join(
+            f"{category} {human_bytes(full[category])}" for category in categories[:3]))
+    return lines
+
+
 def format_report(document: dict) -> str:
     stats, config = document["dataset_stats"], document["config"]
     accumulation = config.get("grad_accum", 1)
@@ -424,10 +448,12 @@ def format_report(document: dict) -> str:
     lines += ["", *(gap.replace("**", "") for gap in gaps)] if gaps else []
     world_size = document["environment"].get("world_size", 1)
     if world_size > 1:
-        lines.append(f"{world_size} processes (DDP), {config['batch_size'] // world_size} examples each per step: "
-                     "tokens/s and samples/s are the aggregate; per process tokens/s:")
+        sharding = "FSDP: weights, gradients and optimizer state sharded" if config.get("fsdp") else "DDP"
+        lines.append(f"{world_size} processes ({sharding}), {config['batch_size'] // world_size} examples each per "
+                     "step: tokens/s and samples/s are the aggregate; per process tokens/s:")
         lines += [f"  {result['collator']}: {' / '.join(f'{rate:.0f}' for rate in result['tokens_per_s_per_device'])}"
-                  for result in document["results"]]
+                  for result in document["results"] if result["tokens_per_s_per_device"]]
+        lines += rank_memory_lines(document)
     contamination = document["contamination"]
     if contamination:
         lines.append("")

@@ -1,4 +1,5 @@
-"""DDP on CPU: two gloo processes under torchrun train on the single-process global batch and get its losses.
+"""DDP and FSDP on CPU: two gloo processes under torchrun train on the single-process global batch and get its losses;
+under FSDP each holds half the weights, gradients and optimizer state, as the planner predicts.
 
 Each launch runs in its own process session with a timeout, so a hung rank fails the test instead of stalling CI,
 and torchrun's per-rank logs (`--log-dir --redirects 3`) show what each rank printed on its own.
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import LlamaForCausalLM
 
 from demo_core import DemoInputError, RunConfig, run_comparison
 from demo_core import distributed
@@ -47,11 +49,15 @@ def rank_logs(log_dir: Path, stream: str) -> list[str]:
     return [path.read_text() for path in paths]
 
 
+def one_process(optimizer: str) -> dict:
+    config = RunConfig(model="tiny-llama", samples=32, collators=("padded", "flatten"), steps=3, batch_size=4,
+                       device="cpu", precision="fp32", seed=0, optimizer=optimizer)
+    return run_comparison(config).to_dict()
+
+
 @pytest.fixture(scope="module")
 def single_process() -> dict:
-    config = RunConfig(model="tiny-llama", samples=32, collators=("padded", "flatten"), steps=3, batch_size=4,
-                       device="cpu", precision="fp32", seed=0)
-    return run_comparison(config).to_dict()
+    return one_process("adamw")
 
 
 def test_two_gloo_ranks_match_the_single_process_run(tmp_path, single_process):
@@ -85,6 +91,56 @@ def test_two_gloo_ranks_match_the_single_process_run(tmp_path, single_process):
     table, quiet = rank_logs(tmp_path / "logs", "stdout")
     assert "2 processes (DDP)" in table and "padded" in table
     assert quiet == ""
+
+
+def test_fsdp_over_two_gloo_ranks_matches_one_process_with_half_the_states_on_each(tmp_path):
+    # SGD, not AdamW: AdamW's update hardly changes when every gradient is off by the same factor, SGD's does.
+    single_process = one_process("sgd")
+    out = tmp_path / "result.json"
+    launch = torchrun([*RUN, "--batch-size", "4", "--optimizer", "sgd", "--fsdp", "--json", str(out)],
+                      tmp_path / "logs", 240)
+    assert launch.returncode == 0, launch.stdout[-3000:]
+    document = json.loads(out.read_text())
+    assert document["config"]["fsdp"] is True and document["environment"]["world_size"] == 2
+
+    single = {result["collator"]: result for result in single_process["results"]}
+    results = {result["collator"]: result for result in document["results"]}
+    for name, result in results.items():
+        reference = single[name]
+        # The same global batches, and the same losses as one process, padded and packed alike.
+        assert result["step_real_tokens"] == reference["step_real_tokens"]
+        assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < 1e-4
+        assert result["memory"]["shard"] == "fsdp"
+        assert len(result["memory"]["ranks"]) == 2
+        for rank in result["memory"]["ranks"]:
+            for category in ("weights", "gradients", "optimizer"):
+                # Each rank holds half of what one process holds (its local shards, summed)...
+                assert rank["measured"][category] == pytest.approx(reference["memory"]["measured"][category] / 2,
+                                                                   rel=0.01), (name, category)
+                # ...and the planner's FSDP estimate for 2 GPUs says so.
+                assert abs(rank["error"][category]) < 0.05, (name, category, rank)
+            # Activations are each rank's own, not sharded: FSDP's gathered weights are not counted among them.
+            assert abs(rank["error"]["activations"]) < 0.05, (name, rank)
+    assert max(abs(a - b) for a, b in zip(results["flatten"]["losses"], results["padded"]["losses"])) < 1e-4
+
+    table, quiet = rank_logs(tmp_path / "logs", "stdout")
+    assert "2 processes (FSDP" in table and "plan --gpus 2 --shard fsdp" in table
+    assert quiet == ""
+
+
+def test_fsdp_is_refused_where_it_cannot_shard(monkeypatch):
+    with pytest.raises(DemoInputError, match="over several processes"):
+        run_comparison(RunConfig(fsdp=True, device="cpu"))  # one process: nothing to shard over
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    # A model with no decoder layer class to group by would be gathered whole.
+    monkeypatch.setattr(LlamaForCausalLM, "_no_split_modules", None)
+    with pytest.raises(DemoInputError, match="LlamaForCausalLM names no decoder layer class"):
+        run_comparison(RunConfig(fsdp=True, device="cpu", model="tiny-llama"))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # accelerate launch --use_fsdp without --fsdp
+    with pytest.raises(DemoInputError, match="pass --fsdp"):
+        run_comparison(RunConfig(device="cpu"))
+    with pytest.raises(DemoInputError, match="fsdp must be true or false"):
+        RunConfig(fsdp="yes").validated()
 
 
 def test_bad_argument_fails_on_every_rank_alike(tmp_path):
