@@ -25,6 +25,7 @@ from . import memory_estimate, memory_measure
 from .anatomy import PROFILED_STEP, StepProfiler
 from .collators import BatchStats, CollatorSpec
 from .distributed import merge_ranks
+from .lora_burst import with_lora
 from .models import ModelSource
 from .results import Result
 from .timing import Turns, TurnTaking
@@ -45,6 +46,9 @@ class BurstSettings:
     device: str  # "cpu" | "cuda"
     seed: int
     gradient_checkpointing: bool = False
+    lora_rank: int = 0  # 0: full fine-tune (lora_burst.py)
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    qlora: bool = False
 
 
 def _synchronize(device: str) -> None:
@@ -141,6 +145,7 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
         gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
         context_bytes=measured.get("context"),
         loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
+        lora_rank=settings.lora_rank, lora_targets=settings.lora_targets, quantized_base=settings.qlora,
     ))
     if settings.device == "cuda":
         peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
@@ -222,6 +227,8 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
     model.config.use_cache = False
+    if settings.lora_rank:
+        model = with_lora(model, settings)
     optimizer = make_optimizer(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
         trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir, optimizer)

@@ -43,9 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--max-length", default=defaults.max_length, help="truncate examples to this many tokens")
     compare.add_argument("--precision", default=defaults.precision, choices=PRECISION_NAMES)
     compare.add_argument("--optimizer", default=defaults.optimizer, choices=OPTIMIZER_NAMES)
-    compare.add_argument("--learning-rate", default=defaults.learning_rate)
+    compare.add_argument("--learning-rate", default=defaults.learning_rate, help="constant learning rate "
+                         f"(default {defaults.learning_rate:g}; LoRA adapters usually train at 1e-4 to 1e-3)")
     compare.add_argument("--device", default=defaults.device, choices=DEVICE_NAMES)
-    compare.add_argument("--gradient-checkpointing", action="store_true")
+    compare.add_argument("--gradient-checkpointing", action="store_true",
+                         help="keep each layer's input only and recompute the layer in backward")
+    compare.add_argument("--lora-rank", default=defaults.lora_rank, help="train LoRA adapters of this rank through "
+                         "peft instead of every weight (0: full fine-tune)")
+    compare.add_argument("--lora-targets", default=",".join(defaults.lora_targets),
+                         help="comma list of module names LoRA adapts (e.g. q_proj,v_proj), or all-linear (every "
+                         "linear layer but the output layer)")
+    compare.add_argument("--qlora", action="store_true", help="LoRA on a 4-bit NF4 base (bitsandbytes, CUDA only)")
     compare.add_argument("--threads", default=None, help="CPU threads for training (default 1 on a CPU: with more, "
                          "every parallel operator waits for a thread the OS gave to other work, and a shared "
                          "machine's speedups swing 2x; on a dedicated machine, its core count)")
@@ -61,7 +69,8 @@ def _compare(args) -> None:
         model=args.model, dataset=args.dataset, samples=args.samples, collators=args.collators, steps=args.steps,
         batch_size=args.batch_size, attention=args.attention, seed=args.seed, max_length=args.max_length,
         precision=args.precision, optimizer=args.optimizer, learning_rate=args.learning_rate, device=args.device,
-        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads,
+        gradient_checkpointing=args.gradient_checkpointing, threads=args.threads, lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets, qlora=args.qlora,
     )
     document = run_comparison(config).to_dict()
     distributed.close()

@@ -26,6 +26,9 @@ PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
 ESTIMATE_PRECISION_NAMES = tuple(name for name in PRECISION_NAMES if name != "auto") + ("pure-bf16",)
 ESTIMATE_OPTIMIZER_NAMES = OPTIMIZER_NAMES + ("adamw_8bit", "adafactor")
 ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "auto")
+# peft's shorthand for every linear layer but the output layer; otherwise LoRA targets are module names.
+LORA_ALL_LINEAR = "all-linear"
+MAX_LORA_RANK = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,19 @@ def parse_collators(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     unknown = [name for name in names if name not in known]
     if unknown:
         raise DemoInputError(f"unknown collator {unknown[0]!r}; choose from: {', '.join(known)}")
+    return names
+
+
+def parse_lora_targets(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Accepts "q_proj,v_proj" or a list; "all-linear" stands alone. Whether the names match the model's linear
+    layers is checked against the model (lora_burst.check_lora_targets)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(dict.fromkeys(str(item).strip() for item in items if item and str(item).strip()))
+    if not names:
+        raise DemoInputError(f"give lora targets: module names such as q_proj,v_proj, or {LORA_ALL_LINEAR}")
+    if LORA_ALL_LINEAR in names and len(names) > 1:
+        raise DemoInputError(f"lora targets: {LORA_ALL_LINEAR} already means every linear layer but the output "
+                             f"layer; give it alone or give module names")
     return names
 
 
@@ -109,6 +125,9 @@ class RunConfig:
     device: str = "auto"
     gradient_checkpointing: bool = False
     threads: int | None = None  # CPU threads for training; None: 1 on a CPU (see engine.resolve_threads)
+    lora_rank: int = 0  # 0: full fine-tune; else LoRA adapters of this rank through peft (lora_burst.py)
+    lora_targets: tuple[str, ...] = (LORA_ALL_LINEAR,)  # peft's target_modules: module names, or "all-linear"
+    qlora: bool = False  # LoRA on a 4-bit NF4 base (bitsandbytes, CUDA only)
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
         """Returns a normalised copy, or raises DemoInputError naming the first bad field."""
@@ -120,6 +139,7 @@ class RunConfig:
         max_length = as_int("max length", self.max_length)
         learning_rate = as_float("learning rate", self.learning_rate)
         threads = None if self.threads is None else as_int("threads", self.threads)
+        lora_rank = as_int("lora rank", self.lora_rank)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DemoInputError("choose a model: a preset name, a hub id or a local folder")
         if not isinstance(self.dataset, str) or not self.dataset.strip():
@@ -138,6 +158,10 @@ class RunConfig:
             raise DemoInputError(f"threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
         if not learning_rate > 0:
             raise DemoInputError(f"learning rate must be positive, got {learning_rate}")
+        if not 0 <= lora_rank <= MAX_LORA_RANK:
+            raise DemoInputError(f"lora rank must be between 0 (full fine-tune) and {MAX_LORA_RANK}, got {lora_rank}")
+        if self.qlora and not lora_rank:
+            raise DemoInputError("QLoRA trains LoRA adapters on a 4-bit base: give a lora rank (e.g. 16)")
         for field, allowed in (
             ("attention", ATTENTION_NAMES),
             ("precision", PRECISION_NAMES),
@@ -158,9 +182,13 @@ class RunConfig:
             max_length=max_length,
             learning_rate=learning_rate,
             threads=threads,
+            lora_rank=lora_rank,
+            lora_targets=parse_lora_targets(self.lora_targets),
+            qlora=bool(self.qlora),
         )
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["collators"] = list(self.collators)
+        data["lora_targets"] = list(self.lora_targets)
         return data

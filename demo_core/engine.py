@@ -27,6 +27,7 @@ from .collators import CollatorSpec, collator_spec
 from .config import Limits, RunConfig
 from .contamination import contamination_check
 from .errors import DemoInputError
+from .lora_burst import check_lora_targets, check_qlora
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
 from .preflight import exact_attention
 from .results import Comparison, Result
@@ -121,6 +122,7 @@ class Prepared:
             steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
             learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
             device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
+            lora_rank=config.lora_rank, lora_targets=config.lora_targets, qlora=config.qlora,
         )
 
     def comparison(self, results: list[Result], contamination: list[dict] | None = None) -> Comparison:
@@ -155,6 +157,10 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
             f"{source.family} models take no position_ids, so {', '.join(packing)} cannot restart positions per "
             f"example; run them with padded or padded-grouped only"
         )
+    if config.lora_rank:
+        check_lora_targets(source.config, config.model, config.lora_targets)
+    if config.qlora:
+        check_qlora(device)
     # Before anything trains: a tiny forward proves packing exact for this model on this path, or refuses the run.
     attention = exact_attention(source, config.attention, device, config.collators)
     dataset = data.load(config.dataset if dataset_file is None else os.fspath(dataset_file), source.tokenizer,

@@ -2,9 +2,11 @@
 
 What each number is (the estimate of the same categories is in memory_estimate.py):
 
-    weights      parameters + buffers, each storage once (`tensor_bytes_by_category`)
-    gradients    every parameter's `.grad`
-    optimizer    the tensors in `optimizer.state` (accelerate's AcceleratedOptimizer unwrapped)
+    weights      parameters + buffers, each storage once (`tensor_bytes_by_category`); under LoRA the frozen base
+                 and the adapters; under QLoRA the 4-bit weights with their quantization constants
+    gradients    every parameter's `.grad` (under LoRA only the adapters have one)
+    optimizer    the tensors in `optimizer.state` (accelerate's AcceleratedOptimizer unwrapped; under LoRA it holds
+                 the adapters only, as Trainer builds it over the parameters that require a gradient)
     activations  what autograd saves for backward during one forward (`SavedActivationMeter`: saved-tensor hooks,
                  one count per storage, parameters excluded)
     temporary    only an allocator timeline shows it: per-phase CUDA peaks (`PhasePeaks`); None otherwise
@@ -37,6 +39,16 @@ def _unwrap_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
+def _quantization_constants(params: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
+    """bitsandbytes' 4-bit weights (QLoRA) keep their block constants outside the parameter, in `quant_state`
+    (absmax, code, and with double quantization a second state for the absmax itself)."""
+    for param in params:
+        state = getattr(param, "quant_state", None)
+        while state is not None:
+            yield from (value for value in vars(state).values() if isinstance(value, torch.Tensor))
+            state = getattr(state, "state2", None)
+
+
 def tensor_bytes_by_category(model: torch.nn.Module, optimizer: Any = None) -> dict[str, int]:
     """Exact bytes of weights (parameters + buffers), gradients and optimizer state, each storage counted once."""
     seen: set[tuple[str, int, int]] = set()
@@ -56,7 +68,7 @@ def tensor_bytes_by_category(model: torch.nn.Module, optimizer: Any = None) -> d
         return nbytes
 
     params = list(model.parameters())
-    weights = total(list(params) + list(model.buffers()))
+    weights = total([*params, *model.buffers(), *_quantization_constants(params)])
     gradients = total(p.grad for p in params if p.grad is not None)
     opt = _unwrap_optimizer(optimizer)
     state_tensors: list[torch.Tensor] = []
