@@ -306,11 +306,19 @@ def text_table(rows: list[list[str]]) -> str:
                                in enumerate(zip(row, widths))) for row in rows)
 
 
+def training_words(config: dict) -> str:
+    """What trains, when it is not every weight: "  LoRA r=8 on all-linear" (QLoRA: on a 4-bit base)."""
+    if not config.get("lora_rank"):
+        return ""
+    base = " on a 4-bit base (QLoRA)" if config.get("qlora") else ""
+    return f"  LoRA r={config['lora_rank']} on {','.join(config.get('lora_targets') or ['all-linear'])}{base}"
+
+
 def format_report(document: dict) -> str:
     stats, config = document["dataset_stats"], document["config"]
     lines = [
         f"model {config['model']}  attention {config['resolved_attention']}  device {config['resolved_device']}  "
-        f"precision {config['resolved_precision']}",
+        f"precision {config['resolved_precision']}{training_words(config)}",
         f"dataset {stats['name']}: {stats['count']} examples, mean {stats['mean']:.0f} tokens, "
         f"p50 {stats['p50']:.0f}, p90 {stats['p90']:.0f}, p99 {stats['p99']:.0f}, max {stats['max']}",
         "",

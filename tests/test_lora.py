@@ -41,8 +41,8 @@ def test_the_same_seed_gives_every_collator_the_same_base_and_adapters():
     assert all(torch.equal(value, _adapters(second)[name]) for name, value in adapters.items())
     assert all(torch.equal(p, q) for p, q in zip(first.parameters(), second.parameters()))
     # A is drawn from the seed (B starts at zero), so another seed draws other adapters
-    assert not torch.equal(adapters["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"],
-                           _adapters(other_seed)["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"])
+    first_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert not torch.equal(adapters[first_a], _adapters(other_seed)[first_a])
 
 
 def test_lora_packing_gives_padded_losses_through_trainer_and_sfttrainer():
