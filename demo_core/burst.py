@@ -147,16 +147,16 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
         loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
         lora_rank=settings.lora_rank, lora_targets=settings.lora_targets, quantized_base=settings.qlora,
     ))
-    if settings.device == "cuda":
-        peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
-    else:
-        # A CPU process has no allocator peak to read (RSS only grows): report the live tensors at the end of the
-        # forward, when saved activations peak, as measured: weights + optimizer state + saved activations.
-        peak_bytes = sum(measured.get(c) or 0 for c in ("weights", "optimizer", "activations")) or None
-        peak_moment = "forward_end"
+    # A CPU process has no allocator peak to read (RSS only grows): there the peak is the live tensors at the end of
+    # the forward, when saved activations peak, as measured (memory_measure.PEAK_KINDS says so in words).
+    peak_bytes, peak_moment, at_peak = memory_measure.measured_peak(settings.device, measured, recorder.peaks)
     report = memory_measure.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
+    report["peak_kind"] = memory_measure.PEAK_KINDS[settings.device]
+    report["measured_at_peak"] = at_peak
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
+    report["estimated_at_peak"] = memory_estimate.live_by_moment(estimate.categories,
+                                                                 estimate.temporary_terms)[estimate.peak_moment]
     report["phase_peaks"] = dict(recorder.peaks.peaks)
     return report, peak_bytes
 
@@ -183,6 +183,7 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         step_examples=[b.examples for b in recorder.batches],
         step_collate_s=[b.collate_s for b in recorder.batches],
         peak_memory_bytes=peak_memory_bytes,
+        peak_memory_kind=memory_report["peak_kind"],
         memory=memory_report,
         partial=recorder.stopped_early,
         world_size=trainer.args.world_size,

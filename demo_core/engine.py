@@ -14,7 +14,7 @@ import functools
 import os
 import platform
 import threading
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import transformers
@@ -206,8 +206,11 @@ def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
     }
 
 
-def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
-    """Numbers for the no-training views: length stats, the first batch per collator, cost preview."""
+def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_runs: Iterable[dict] = ()) -> dict:
+    """Numbers for the no-training views: length stats, the first batch per collator, cost preview, and the run's
+    predicted time (`predicted`, from the seconds per slot of `earlier_runs`, documents of earlier runs, if any)."""
+    from .duration import predicted  # duration.py reads this module's step costs
+
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples
     lengths = [len(ids) for ids in examples[: config.batch_size]]
@@ -229,6 +232,7 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
             "attention_scores_dense_packed": sum(lengths) ** 2,
             "optimizer_steps": config.steps,
         },
+        "predicted": predicted(prepared, earlier_runs),
     }
 
 

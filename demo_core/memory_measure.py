@@ -284,6 +284,32 @@ class PhasePeaks:
         return max(self.peaks, key=self.peaks.get) if self.peaks else None
 
 
+# What a result's one peak (`peak_memory_bytes`, `memory.peak_bytes`) is on each device, in words for the reader.
+PEAK_KINDS = {
+    "cuda": "allocator peak (torch.cuda.max_memory_allocated): the most bytes live tensors held at once in a step",
+    "cpu": "sum of live tensor sizes at the end of the forward (weights + optimizer state + saved activations): a "
+           "CPU process has no allocator peak to read",
+}
+
+
+def measured_peak(device: str, measured: Mapping[str, int | None],
+                  peaks: PhasePeaks) -> tuple[int | None, str | None, dict[str, int]]:
+    """(peak bytes, its moment, the bytes alive then by category, adding up to the peak): the one peak a result
+    reports, with what made it, so that a picture of it never stacks categories that were not alive together.
+
+    CUDA: the allocator's peak over the steps' phases; weights and optimizer state are alive throughout, and the rest
+    ("other": saved activations, gradients, temporaries) is what the allocator held beyond them, which it does not
+    split. CPU: the live tensors at the end of the forward, category by category."""
+    if device == "cuda":
+        peak = peaks.peak_bytes
+        held = {category: measured.get(category) or 0 for category in ("weights", "optimizer")}
+        parts = {**held, "other": max(0, peak - sum(held.values()))} if peak else {}
+        return peak, peaks.peak_moment, parts
+    parts = {category: measured.get(category) or 0 for category in ("weights", "optimizer", "activations")}
+    peak = sum(parts.values()) or None
+    return peak, "forward_end", parts if peak else {}
+
+
 def memory_report(
     estimate: Mapping[str, int],
     measured: Mapping[str, int | None],

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .anatomy import OP_CLASSES, PHASES, backward_over_forward
-from .collators import BASELINE, collator_spec
+from .collators import BASELINE, COLLATORS, collator_spec
 
 
 def human_bytes(count: float) -> str:
@@ -121,8 +121,12 @@ def contamination_title(document: dict) -> str:
 
 
 def best_speedup(document: dict) -> float | None:
+    """The best speedup over padded among the collators that compare like for like: those whose registry entry
+    claims padded's losses (the same batches, the same loss). bfd trains other batches and naive-concat a wrong
+    loss, so a larger number of theirs is not packing's speedup; a collator no longer registered is left out too."""
     speedups = [entry["speedup_vs_padded"] for name, entry in document.get("comparison", {}).items()
-                if name != BASELINE and entry["speedup_vs_padded"] is not None]
+                if name != BASELINE and name in COLLATORS and COLLATORS[name].loss_parity
+                and entry["speedup_vs_padded"] is not None]
     return max(speedups) if speedups else None
 
 
