@@ -57,13 +57,12 @@ def _synchronize(device: str) -> None:
 
 
 class StepRecorder(TrainerCallback):
-    """Records per-step wall time and the batch each step consumed; honours a stop request between steps."""
+    """Records per-step wall time and the batch each step consumed; `stopped_early` once StopBetweenSteps ended it."""
 
-    def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None,
-                 stop_event: threading.Event | None):
+    def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None):
         # `collator` is the RecordingCollator the trainer calls: each step pops the BatchStats of the batch it ate.
         self.collator, self.device, self.total_steps, self.name = collator, device, total_steps, name
-        self.progress, self.stop_event = progress, stop_event
+        self.progress = progress
         self.step_times_s: list[float] = []
         self.batches: list[BatchStats] = []
         self.stopped_early = False
@@ -79,8 +78,19 @@ class StepRecorder(TrainerCallback):
         self.batches.append(self.collator.pending_stats.popleft())
         if self.progress is not None:
             self.progress(self.name, len(self.step_times_s), self.total_steps)
-        if self.stop_event is not None and self.stop_event.is_set() and state.global_step < state.max_steps:
-            self.stopped_early = True
+
+
+class StopBetweenSteps(TrainerCallback):
+    """Ends the burst at a step end once a stop is asked for. The last callback of a step, after TurnTaking: a burst
+    that waited for its turn while Stop came ends as the turn comes back, instead of taking one more step (with 7
+    collators, every Stop ran 6 more steps before)."""
+
+    def __init__(self, recorder: StepRecorder, stop_event: threading.Event):
+        self.recorder, self.stop_event = recorder, stop_event
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop_event.is_set() and state.global_step < state.max_steps:
+            self.recorder.stopped_early = True
             control.should_training_stop = True
 
 
@@ -223,6 +233,9 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
     """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names.
 
     With `turns`, the caller holds this burst's turn when it calls, and the burst hands it on at every step end.
+    The caller releases the memory the burst leaves behind (`release_memory`): after each burst when they run one
+    after another, once after all of them when they take turns (all their models are alive together anyway, and
+    gc plus malloc_trim cost ~0.25 s a burst, paid one after another while the run ends).
     """
     model = source.build(attention, torch.float32, seed=settings.seed)
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
@@ -233,18 +246,18 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
     optimizer = make_optimizer(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
         trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir, optimizer)
-        recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
+        recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress)
         memory_recorder = MemoryRecorder(model, settings.device)
         profiler = StepProfiler(model, settings.device)
         # Order matters: every measurement of a step closes before the turn is handed on, and the profiled window
         # opens only once the turn is back (see StepProfiler).
         for callback in (recorder, memory_recorder, profiler.closer,
-                         *([TurnTaking(turns, spec.name)] if turns is not None else []), profiler.opener):
+                         *([TurnTaking(turns, spec.name)] if turns is not None else []), profiler.opener,
+                         *([StopBetweenSteps(recorder, stop_event)] if stop_event is not None else [])):
             trainer.add_callback(callback)
         try:
             result = train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
         finally:
             profiler.abandon()
     del trainer, model, optimizer, memory_recorder, profiler
-    release_memory()
     return merge_ranks(result)

@@ -281,6 +281,7 @@ def _sequential_bursts(prepared: Prepared, settings: BurstSettings, progress: Pr
         if stop_event is not None and stop_event.is_set():
             break
         results.append(_run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event))
+        release_memory()  # this collator's model and optimizer, before the next one's are built
         if on_result is not None:
             on_result(results[-1])
     return results
@@ -302,6 +303,8 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
     def burst(spec: CollatorSpec) -> None:
         turns.wait_for_turn(spec.name)
         try:
+            if stop_event is not None and stop_event.is_set():
+                return  # stopped before this collator's first step: no model to build, no step to take
             outcomes[spec.name] = _run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event, turns)
         except BaseException as error:  # handed to the caller's thread below
             outcomes[spec.name] = error
@@ -317,7 +320,7 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
     errors = [outcome for outcome in outcomes.values() if isinstance(outcome, BaseException)]
     if errors:
         raise errors[0]
-    results = [outcomes[spec.name] for spec in specs]
+    results = [outcomes[spec.name] for spec in specs if spec.name in outcomes]
     for result in results if on_result is not None else []:
         on_result(result)
     return results
