@@ -2,7 +2,7 @@
 
 Every number comes from memory_estimate.py, the code path that estimates each burst: a preset with a run's settings
 gives that run's own estimate, byte for byte. The planner adds what a run here never does: configs of real models
-(shipped in model_configs/, or a hub id from the local cache), LoRA / QLoRA, 8-bit AdamW, Adafactor and pure bf16,
+(shipped in model_configs/, or any hub id, its config.json alone), LoRA / QLoRA, 8-bit AdamW, Adafactor and pure bf16,
 N GPUs with ZeRO / FSDP sharding, and the largest batch size and sequence length that fit.
 
 Sharding, per device. Data parallel: each device runs its own micro-batch of `batch_size`, so activations are never

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -128,3 +129,17 @@ def test_bad_lora_flags_are_one_line_and_exit_2(capsys, args, message):
     assert main(["compare", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_cli_trains_lora_with_checkpointing_and_a_learning_rate(tmp_path, capsys):
+    out = tmp_path / "lora.json"
+    assert main(["compare", "--model", "tiny-llama", "--samples", "16", "--steps", "2", "--batch-size", "4",
+                 "--collators", "padded,flatten", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj",
+                 "--gradient-checkpointing", "--learning-rate", "5e-4", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    config = document["config"]
+    assert (config["lora_rank"], config["lora_targets"], config["gradient_checkpointing"],
+            config["learning_rate"]) == (4, ["q_proj", "v_proj"], True, 5e-4)
+    for result in document["results"]:
+        assert result["memory"]["estimate"]["gradients"] == result["memory"]["measured"]["gradients"]
+    assert "LoRA r=4 on q_proj,v_proj" in capsys.readouterr().out
