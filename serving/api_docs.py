@@ -52,6 +52,7 @@ class PreviewDocument(TypedDict):
     device: str
     batches: dict[str, dict[str, Any]]
     cost: dict[str, Any]
+    predicted: dict[str, Any]  # the run's predicted time: duration_s, basis, setup_s, step_s, long, long_after_s
 
 
 class RunSummary(TypedDict):
