@@ -88,6 +88,8 @@ def _kernel_stand_in(module, query, key, value, attention_mask, scaling=None, **
     it returns has their layout, a fresh contiguous (batch, seq, heads, head_dim) tensor that o_proj then saves."""
     _probe_state.in_kernel = True
     _probe_state.kernel_heads = (query.shape[1], key.shape[1])  # as the model's code shapes them
+    if query.requires_grad or key.requires_grad or value.requires_grad:  # else autograd saves nothing (LoRA's layer 0)
+        _probe_state.kernel_saving_layers.add(getattr(_probe_state, "layer", None))
     try:
         out = F.scaled_dot_product_attention(query, key, value, is_causal=getattr(module, "is_causal", True),
                                              scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
@@ -147,6 +149,7 @@ class ActivationFit:
     spec: ProbeSpec
     residual_bytes: float  # largest misfit over the probe points: 0 when the architecture is bilinear
     kernel_heads: tuple[int, int] | None  # (query heads, key/value heads) the excluded kernel received
+    kernel_layers: int  # real layers whose excluded kernel saves for backward (its inputs need a gradient)
     held_out_misfit_bytes: float  # largest miss on a forward the fit never saw (the reliability check)
     reference: "ProbeReference"  # that forward's shape and bytes: the physical bound of every term
 
@@ -240,25 +243,47 @@ def _width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
 
 # ---- the small model --------------------------------------------------------------------------------------------
 
-def _layer_kinds(config: Any) -> tuple[list[str], list[int], list[int]]:
-    """Per-layer config lists (layer_types, no_rope_layers, ...), the kind of each real layer, and the real layers
-    of each kind, as (list names, probe layer kinds (two layers per kind), real layer count per kind)."""
-    layers = int(config.num_hidden_layers)
-    lists = [name for name, value in config.to_dict().items()
-             if isinstance(value, (list, tuple)) and len(value) == layers and layers > 1]
-    signatures = [tuple(str(getattr(config, name)[i]) for name in lists) for i in range(layers)]
-    kinds = list(dict.fromkeys(signatures))
-    first_layer_of_kind = [signatures.index(kind) for kind in kinds]
-    return lists, [i for i in first_layer_of_kind for _ in range(2)], [signatures.count(kind) for kind in kinds]
+@dataclasses.dataclass(frozen=True)
+class _ProbeLayers:
+    """Which real layers the probe model's layers copy, and how many real layers each stands for.
+
+    Two probe layers per kind of layer (layer_types, no_rope_layers, ...: `lists`), so that what several layers share
+    (rotary tables, masks) shows up as shared. Under LoRA the model's first layer differs from the rest: its input
+    needs no gradient (the embeddings are frozen), so autograd saves nothing there until the first adapter, not even
+    the shared tables. The first kind then gets three probe layers: the first layer, counted once, and two more that
+    stand for the other layers of that kind and still show what they share.
+    """
+
+    lists: tuple[str, ...]  # per-layer config lists
+    copies: tuple[int, ...]  # per probe layer: the real layer whose list entries it takes
+    weights: tuple[float, ...]  # per probe layer: how many real layers it stands for
+    kinds: tuple[int, ...]  # per probe layer: its kind
+
+    @classmethod
+    def of(cls, config: Any, lora: bool) -> "_ProbeLayers":
+        layers = int(config.num_hidden_layers)
+        lists = tuple(name for name, value in config.to_dict().items()
+                      if isinstance(value, (list, tuple)) and len(value) == layers and layers > 1)
+        signatures = [tuple(str(getattr(config, name)[i]) for name in lists) for i in range(layers)]
+        copies, weights, kinds = [], [], []
+        for kind, signature in enumerate(dict.fromkeys(signatures)):
+            count = signatures.count(signature)
+            if kind == 0 and lora:
+                share = [1.0, (count - 1) / 2, (count - 1) / 2]
+            else:
+                share = [count / 2, count / 2]
+            copies += [signatures.index(signature)] * len(share)
+            weights += share
+            kinds += [kind] * len(share)
+        return cls(lists, tuple(copies), tuple(weights), tuple(kinds))
 
 
-def _probe_config(config: Any, widths: dict[str, int]) -> Any:
+def _probe_config(config: Any, widths: dict[str, int], layers: _ProbeLayers) -> Any:
     small = copy.deepcopy(config)
-    lists, probe_layers, _ = _layer_kinds(config)
-    for name in lists:
+    for name in layers.lists:
         values = getattr(config, name)
-        setattr(small, name, [values[i] for i in probe_layers])
-    small.num_hidden_layers = len(probe_layers)
+        setattr(small, name, [values[i] for i in layers.copies])
+    small.num_hidden_layers = len(layers.copies)
     if _hidden_is_tied(config):
         small.hidden_size = config.num_attention_heads * widths["head_dim"]
     if "head_dim" in config.to_dict():  # a stored field (some configs compute it in a read-only property)
@@ -327,8 +352,9 @@ def model_class_for(config: Any) -> type:
     return model_head(config).auto_class
 
 
-def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec) -> torch.nn.Module:
-    small = _probe_config(config, widths)
+def _build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec,
+                       layers: _ProbeLayers) -> torch.nn.Module:
+    small = _probe_config(config, widths, layers)
     # a half base (LoRA over weights loaded in bf16/fp16) stores 2 bytes a weight like pure bf16
     dtype = torch.bfloat16 if spec.half_weights else PRECISIONS[spec.precision].weight_dtype
     with exclusive(seed=0):  # the same weights at every call, and no one else's random stream or dtype moved
@@ -410,10 +436,11 @@ class _SaveRecorder:
         self.stack.pop()
 
     def _enter_layer(self, index: int) -> None:
-        self.layer = index
+        self.layer = _probe_state.layer = index
 
     def _leave_layer(self) -> None:
         self.layer, self.after_layers = None, True
+        _probe_state.layer = None
 
     def _is_weight_copy(self, t: torch.Tensor) -> bool:
         """Autocast's half copy of a weight (the formulas count those): a 2-D half tensor holding a weight's values.
@@ -525,21 +552,21 @@ def _held_out_point(spec: ProbeSpec) -> tuple[int, int]:
     return _HELD_OUT["packed" if spec.layout == "packed" else "single_row" if spec.single_row else "rows"]
 
 
-def _targets_of(totals: dict[tuple, int], layer_counts: list[int]) -> dict[str, float]:
-    """Per probe forward: bytes of the real model's L layers per part (layers of a kind: the mean of its two probe
-    layers x its real count), the largest single layer, and the once-per-model parts."""
+def _targets_of(totals: dict[tuple, int], layers: _ProbeLayers) -> dict[str, float]:
+    """Per probe forward: bytes of the real model's L layers per part (each probe layer x the real layers it stands
+    for), the largest single layer per kind, and the once-per-model parts."""
     targets: dict[str, float] = {}
-    per_kind_total = [0.0] * len(layer_counts)
+    per_layer_total = [0.0] * len(layers.copies)
     for place, nbytes in totals.items():
         if place[0] == "layer":
-            kind = place[1] // 2
-            targets[f"layers.{place[2]}"] = targets.get(f"layers.{place[2]}", 0.0) + nbytes / 2 * layer_counts[kind]
-            per_kind_total[kind] += nbytes / 2
+            part = f"layers.{place[2]}"
+            targets[part] = targets.get(part, 0.0) + nbytes * layers.weights[place[1]]
+            per_layer_total[place[1]] += nbytes
         else:
             name = place[-1]
             targets[name] = targets.get(name, 0.0) + nbytes
-    for kind, total in enumerate(per_kind_total):
-        targets[f"one_layer.{kind}"] = total
+    for kind, total in zip(layers.kinds, per_layer_total):
+        targets[f"one_layer.{kind}"] = max(targets.get(f"one_layer.{kind}", 0.0), total)
     return targets
 
 
@@ -587,20 +614,21 @@ def _fit(config: Any, spec: ProbeSpec) -> ActivationFit:
 
 def _fit_over(config: Any, spec: ProbeSpec, reprobe: bool) -> ActivationFit:
     names = _width_names(config)
-    _, probe_layers, layer_counts = _layer_kinds(config)
+    layers = _ProbeLayers.of(config, lora=bool(spec.lora_rank))
     autocast = PRECISIONS[spec.precision].autocast
     rows_of_basis, measured = [], []
     _probe_state.kernel_heads = None
+    _probe_state.kernel_saving_layers = set()
     for widths in _width_points(config, names):  # the last point bumps every width: the held-out forward's model
-        model = _build_probe_model(config, widths, spec)
-        recorder = _SaveRecorder(model, config, len(probe_layers), spec.cuda_autocast)
+        model = _build_probe_model(config, widths, spec, layers)
+        recorder = _SaveRecorder(model, config, len(layers.copies), spec.cuda_autocast)
         for rows, seq_len in _token_points(spec, reprobe):
             batch = _batch(config, spec, rows, seq_len, widths["vocab_size"])
-            measured.append(_targets_of(recorder.run(model, batch, autocast), layer_counts))
+            measured.append(_targets_of(recorder.run(model, batch, autocast), layers))
             rows_of_basis.append(_basis(_token_monomials(spec, rows, seq_len), [widths[n] for n in names]))
     rows, seq_len = _held_out_point(spec)
     held_out = _targets_of(recorder.run(model, _batch(config, spec, rows, seq_len, widths["vocab_size"]), autocast),
-                           layer_counts)
+                           layers)
     held_out_widths = [widths[n] for n in names]
     targets = tuple(sorted({t for m in measured + [held_out] for t in m}))
     design = np.array(rows_of_basis)
@@ -614,8 +642,10 @@ def _fit_over(config: Any, spec: ProbeSpec, reprobe: bool) -> ActivationFit:
     misfit = max((abs(p - held_out.get(t, 0.0)) for t, p in zip(targets, predicted)), default=0.0)
     reference = ProbeReference(tuple(float(m) for m, _ in monomials), tuple(held_out_widths), held_out)
     quadratic = np.array([q for _, q in _token_monomials(spec, 2, 2) for _ in range(len(names) + 1)])
+    kernel_layers = round(sum(layers.weights[layer] for layer in _probe_state.kernel_saving_layers
+                              if layer is not None))
     return ActivationFit(targets, coefficients, quadratic, names, spec, residual, _probe_state.kernel_heads,
-                         misfit, reference)
+                         kernel_layers, misfit, reference)
 
 
 @dataclasses.dataclass
@@ -625,6 +655,7 @@ class ProbedActivations:
     terms: dict[str, int]  # bytes per part: layers.norms, layers.attention, ..., attention_scores_or_mask
     largest_layer_bytes: int  # one decoder layer's saved bytes (what checkpointing recomputes at a time)
     kernel_heads: tuple[int, int] | None  # (query, key/value) heads of the attention kernel left to the formulas
+    kernel_layers: int  # real layers whose kernel saves for backward
     notes: list[str]
     reliable: bool = True  # False: the fit missed its held-out forward, or a term left its physical bounds
 
@@ -669,5 +700,6 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
                      f"missed a forward it never saw by {fit.held_out_misfit_bytes:,.0f} bytes, after a re-probe")
     if out_of_bounds:
         notes.append("fitted terms outside their physical range: " + "; ".join(out_of_bounds))
-    return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads, notes,
+    return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads,
+                             fit.kernel_layers, notes,
                              reliable=fit.reliable and not out_of_bounds)

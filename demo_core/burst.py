@@ -28,6 +28,7 @@ from .collators import BatchStats, CollatorSpec
 from .distributed import merge_ranks, world_size
 from .isolation import RunStream
 from .memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
+from .lora_burst import with_lora
 from .models import ModelSource
 from .planner import per_device_estimate
 from .results import Result
@@ -44,13 +45,12 @@ def _synchronize(device: str) -> None:
 
 
 class StepRecorder(TrainerCallback):
-    """Records per-step wall time and the batch each step consumed; honours a stop request between steps."""
+    """Records per-step wall time and the batch each step consumed; `stopped_early` once StopBetweenSteps ended it."""
 
-    def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None,
-                 stop_event: threading.Event | None):
+    def __init__(self, collator, device: str, total_steps: int, name: str, progress: ProgressFn | None):
         # `collator` is the RecordingCollator the trainer calls: each step pops the BatchStats of the batches it ate.
         self.collator, self.device, self.total_steps, self.name = collator, device, total_steps, name
-        self.progress, self.stop_event = progress, stop_event
+        self.progress = progress
         self.step_times_s: list[float] = []
         self.batches: list[BatchStats] = []
         self.stopped_early = False
@@ -66,8 +66,19 @@ class StepRecorder(TrainerCallback):
         self.batches.append(self.collator.step_stats.popleft())
         if self.progress is not None:
             self.progress(self.name, len(self.step_times_s), self.total_steps)
-        if self.stop_event is not None and self.stop_event.is_set() and state.global_step < state.max_steps:
-            self.stopped_early = True
+
+
+class StopBetweenSteps(TrainerCallback):
+    """Ends the burst at a step end once a stop is asked for. The last callback of a step, after TurnTaking: a burst
+    that waited for its turn while Stop came ends as the turn comes back, instead of taking one more step (with 7
+    collators, every Stop ran 6 more steps before)."""
+
+    def __init__(self, recorder: StepRecorder, stop_event: threading.Event):
+        self.recorder, self.stop_event = recorder, stop_event
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop_event.is_set() and state.global_step < state.max_steps:
+            self.recorder.stopped_early = True
             control.should_training_stop = True
 
 
@@ -127,16 +138,16 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     training = burst_memory_settings(spec, attention, settings, context_bytes=measured.get("context"))
     unsharded = memory_estimate.estimate_memory_detail(source.config, step, training)
     estimate = per_device_estimate(source.config, step, training, world_size(), "fsdp") if settings.fsdp else unsharded
-    if settings.device == "cuda":
-        peak_bytes, peak_moment = recorder.peaks.peak_bytes, recorder.peaks.peak_moment
-    else:
-        # A CPU process has no allocator peak to read (RSS only grows): report the live tensors at the end of the
-        # forward, when saved activations peak, as measured: weights + optimizer state + saved activations.
-        peak_bytes = sum(measured.get(c) or 0 for c in ("weights", "optimizer", "activations")) or None
-        peak_moment = "forward_end"
+    # A CPU process has no allocator peak to read (RSS only grows): there the peak is the live tensors at the end of
+    # the forward, when saved activations peak, as measured (memory_measure.PEAK_KINDS says so in words).
+    peak_bytes, peak_moment, at_peak = memory_measure.measured_peak(settings.device, measured, recorder.peaks)
     report = memory_measure.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
+    report["peak_kind"] = memory_measure.PEAK_KINDS[settings.device]
+    report["measured_at_peak"] = at_peak
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
+    report["estimated_at_peak"] = memory_estimate.live_by_moment(estimate.categories,
+                                                                 estimate.temporary_terms)[estimate.peak_moment]
     report["phase_peaks"] = dict(recorder.peaks.peaks)
     if settings.fsdp:
         report["shard"] = "fsdp"
@@ -187,6 +198,7 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         step_examples=[b.examples for b in recorder.batches],
         step_collate_s=[b.collate_s for b in recorder.batches],
         peak_memory_bytes=peak_memory_bytes,
+        peak_memory_kind=memory_report["peak_kind"],
         memory=memory_report,
         partial=recorder.stopped_early or out_of_memory is not None,
         world_size=trainer.args.world_size,
@@ -230,11 +242,13 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
     """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names.
 
     With `turns`, the caller holds this burst's turn when it calls, and the burst hands it on at every step end.
+    The caller releases the memory the burst leaves behind (`release_memory`): after each burst when they run one
+    after another, once after all of them when they take turns (all their models are alive together anyway, and
+    gc plus malloc_trim cost ~0.25 s a burst, paid one after another while the run ends).
     """
     stream = RunStream(settings.seed, settings.threads)
     with stream.holding():
         result = _run_burst(source, rows, spec, attention, settings, progress, stop_event, turns, stream)
-    release_memory()
     return merge_ranks(result)
 
 
@@ -245,15 +259,18 @@ def _run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atte
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
     model.config.use_cache = False
+    if settings.lora_rank:
+        model = with_lora(model, settings)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
         trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir)
-        recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress, stop_event)
+        recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress)
         memory_recorder = MemoryRecorder(model, settings.device)
         profiler = StepProfiler(model, settings.device, profiled_steps(settings.steps))
         # Order matters: every measurement of a step closes before the burst steps aside (and hands the turn on),
-        # and a profiled window opens only once both are back (see StepProfiler).
+        # a profiled window opens only once both are back (see StepProfiler), and a stop is read last, so that a
+        # burst that waited for its turn while Stop came ends there instead of taking one more step.
         for callback in (recorder, memory_recorder, profiler.closer, TurnTaking(turns, spec.name, stream),
-                         profiler.opener):
+                         profiler.opener, *([StopBetweenSteps(recorder, stop_event)] if stop_event is not None else [])):
             trainer.add_callback(callback)
         try:
             return train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)

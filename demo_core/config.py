@@ -30,6 +30,9 @@ PER_SEGMENT_ATTENTION = ("varlen", "flash_attention_2")
 # 8-bit AdamW, Adafactor, and pure bf16 (precision.py).
 ESTIMATE_OPTIMIZER_NAMES = OPTIMIZER_NAMES + ("adamw_8bit", "adafactor")
 ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "auto")
+# peft's shorthand for every linear layer but the output layer; otherwise LoRA targets are module names.
+LORA_ALL_LINEAR = "all-linear"
+MAX_LORA_RANK = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,19 @@ def parse_collators(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     return names
 
 
+def parse_lora_targets(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Accepts "q_proj,v_proj" or a list; "all-linear" stands alone. Whether the names match the model's linear
+    layers is checked against the model (lora_burst.check_lora_targets)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(dict.fromkeys(str(item).strip() for item in items if item and str(item).strip()))
+    if not names:
+        raise DemoInputError(f"give lora targets: module names such as q_proj,v_proj, or {LORA_ALL_LINEAR}")
+    if LORA_ALL_LINEAR in names and len(names) > 1:
+        raise DemoInputError(f"lora targets: {LORA_ALL_LINEAR} already means every linear layer but the output "
+                             f"layer; give it alone or give module names")
+    return names
+
+
 def _collator_checkboxes() -> tuple[tuple[str, str], ...]:
     """The page's collator boxes: (the registry's label, the name)."""
     return tuple((spec.label, name) for name, spec in COLLATORS.items())
@@ -107,10 +123,13 @@ class RunConfig:
                              help="auto: bf16 on a GPU that has it, else fp32; or one by name")
     optimizer: str = setting("adamw", choices=OPTIMIZER_NAMES, api=10, page=Widget(9, more=True), shown="{}",
                              help="the optimizer every collator trains with")
-    learning_rate: float = setting(1e-3, help="the optimizer's learning rate")
+    learning_rate: float = setting(1e-3, api=17, page=Widget(17, more=True, row="optimizer"),
+                                   help="the optimizer's constant learning rate (LoRA adapters usually train at 1e-4 "
+                                        "to 1e-3)")
     device: str = setting("auto", choices=DEVICE_NAMES, help="where to train: auto picks cuda when there is one")
-    gradient_checkpointing: bool = setting(False, help="keep only each layer's input and recompute the layer in "
-                                                       "backward: less memory, a slower step")
+    gradient_checkpointing: bool = setting(False, api=16, page=Widget(16, more=True),
+                                           help="keep only each layer's input and recompute the layer in backward: "
+                                                "less memory, a slower step")
     threads: int | None = setting(None, help="CPU threads for training (default 1 on a CPU: with more, every "
                                              "parallel operator waits for a thread the OS gave to other work, and a "
                                              "shared machine's speedups swing 2x; on a dedicated machine, its core "
@@ -124,6 +143,16 @@ class RunConfig:
                               shown="{} micro-batches per step",
                               help="each optimizer step runs N micro-batches of batch size / N examples, its loss "
                                    "normalised by the trained tokens of all N (must divide the batch size)")
+    lora_rank: int = setting(0, minimum=0, maximum=MAX_LORA_RANK, api=14,
+                             page=Widget(14, kind="number", label="LoRA rank (0: full fine-tune)", more=True, row="lora"),
+                             shown="LoRA rank {}", help="train LoRA adapters of this rank through peft instead of "
+                                                        "every weight; 0: a full fine-tune")
+    lora_targets: tuple[str, ...] = setting((LORA_ALL_LINEAR,), api=15,
+                                            page=Widget(15, kind="text", label="LoRA targets", more=True, row="lora"),
+                                            shown="LoRA on {}",
+                                            help="the modules LoRA adapts: module names (e.g. q_proj,v_proj) or "
+                                                 "all-linear (every linear layer but the output layer)")
+    qlora: bool = setting(False, api=18, help="LoRA on a 4-bit NF4 base (bitsandbytes; CUDA only)")
     fsdp: bool = setting(False, help="under torchrun / accelerate launch: shard weights, gradients and optimizer state "
                                      "over the processes (FSDP2) instead of a full copy on each (DDP)")
 
@@ -141,12 +170,15 @@ class RunConfig:
             raise DemoInputError(f"threads must be between 1 and this machine's {os.cpu_count()} CPUs, got {threads}")
         if not numbers["learning_rate"] > 0:
             raise DemoInputError(f"learning rate must be positive, got {numbers['learning_rate']}")
+        if self.qlora and not numbers["lora_rank"]:
+            raise DemoInputError("QLoRA trains LoRA adapters on a 4-bit base: give a lora rank (e.g. 16)")
         batch_size, grad_accum = numbers["batch_size"], numbers["grad_accum"]
         if grad_accum > batch_size or batch_size % grad_accum:
             raise DemoInputError(f"gradient accumulation steps must divide the batch size {batch_size} (each step: "
                                  f"that many micro-batches of batch size / steps examples), got {grad_accum}")
         return dataclasses.replace(self, model=self.model.strip(), dataset=self.dataset.strip(),
-                                   collators=parse_collators(self.collators), **numbers)
+                                   collators=parse_collators(self.collators),
+                                   lora_targets=parse_lora_targets(self.lora_targets), **numbers)
 
     @property
     def micro_batch_size(self) -> int:
@@ -156,4 +188,5 @@ class RunConfig:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["collators"] = list(self.collators)
+        data["lora_targets"] = list(self.lora_targets)
         return data

@@ -31,7 +31,10 @@ SUSTAINED_FLOPS = {"cpu": 1e10, "cuda": 5e13}
 STEP_OVERHEAD_S = {"cpu": 0.05, "cuda": 0.1}
 # Per collator: building the model (random init on the CPU: seconds for 1B parameters), the Trainer, the warm-up step.
 SETUP_S = {"cpu": 5.0, "cuda": 15.0}
-RECENT_RUNS = 10  # how many earlier results of the same model/device/precision the measured rate is the median of
+RECENT_RUNS = 10  # how many earlier results of the same kind of run the measured rate is the median of
+# A run predicted longer than this is `long` in preview()'s `predicted`: a minute is longer than a visitor watches a
+# progress bar without being told first (a default CPU run, 2 collators x 20 steps of tiny-llama, takes ~15 s).
+LONG_RUN_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +76,16 @@ def slots_per_step(prepared: Prepared) -> dict[str, float]:
     return slots
 
 
-def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str, precision: str) -> float | None:
-    """The median seconds per token slot of the most recent results of `model` on `device` in `precision`."""
+def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str, precision: str,
+                              lora_rank: int = 0, gradient_checkpointing: bool = False) -> float | None:
+    """The median seconds per token slot of the most recent results of `model` on `device` in `precision`, training
+    the same way (LoRA's backward skips the frozen weights' gradients; checkpointing recomputes the forward)."""
+    wanted = (model, device, precision, lora_rank, gradient_checkpointing)
     rates = []
     for document in reversed(list(documents)):
         config = document.get("config", {})
-        if (config.get("model"), config.get("resolved_device"), config.get("resolved_precision")) != \
-                (model, device, precision):
+        if (config.get("model"), config.get("resolved_device"), config.get("resolved_precision"),
+                config.get("lora_rank", 0), config.get("gradient_checkpointing", False)) != wanted:
             continue
         for result in document.get("results", []):
             # the steps throughput counts: not the warm-up, not the profiled steps (the profiler slows them)
@@ -106,3 +112,17 @@ def estimate(prepared: Prepared, measured_s_per_slot: float | None = None) -> Ru
                   for name, n in slots.items()}
         source = "estimated"
     return RunEstimate(SETUP_S[device], step_s, prepared.config.steps, source)
+
+
+def predicted(prepared: Prepared, earlier_runs: Iterable[dict] = (), long_after_s: float = LONG_RUN_S) -> dict:
+    """The run's predicted time on this machine, before it starts, as preview() reports it: `duration_s` (every
+    collator's setup and steps), `basis` ("history": seconds per slot measured in `earlier_runs`, the documents of
+    earlier runs of the same kind; "parameters": from the parameter count, deliberately pessimistic), `setup_s` per
+    collator, `step_s` per collator, and `long` when it is over `long_after_s`."""
+    config = prepared.config
+    measured = measured_seconds_per_slot(earlier_runs, config.model, prepared.device, prepared.precision,
+                                         config.lora_rank, config.gradient_checkpointing)
+    run = estimate(prepared, measured)
+    return {"duration_s": run.total_s, "basis": "history" if measured is not None else "parameters",
+            "setup_s": run.setup_s, "step_s": dict(run.step_s), "long": run.total_s > long_after_s,
+            "long_after_s": long_after_s}

@@ -14,7 +14,7 @@ import functools
 import os
 import platform
 import threading
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import transformers
@@ -27,6 +27,7 @@ from .collators import CollatorSpec, collator_spec
 from .config import Limits, RunConfig
 from .contamination import contamination_check
 from .errors import DemoInputError
+from .lora_burst import check_lora_targets, check_qlora
 from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
 from .preflight import exact_attention
 from .results import Comparison, Result
@@ -120,6 +121,7 @@ class Prepared:
             device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
             threads=self.threads, grad_accum=config.grad_accum, loss_on=self.dataset.loss_on,
             fsdp=config.fsdp,
+            lora_rank=config.lora_rank, lora_targets=config.lora_targets, qlora=config.qlora,
         )
 
     def comparison(self, results: list[Result], contamination: list[dict] | None = None,
@@ -160,6 +162,10 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
             f"{source.family} models take no position_ids, so {', '.join(packing)} cannot restart positions per "
             f"example; run them with padded or padded-grouped only"
         )
+    if config.lora_rank:
+        check_lora_targets(source.config, config.model, config.lora_targets)
+    if config.qlora:
+        check_qlora(device)
     # Before anything trains: a tiny forward proves packing exact for this model on this path, or refuses the run.
     attention = exact_attention(source, config.attention, device, config.collators)
     dataset = data.load(config.dataset if dataset_file is None else os.fspath(dataset_file), source.tokenizer,
@@ -208,9 +214,12 @@ def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
     }
 
 
-def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
+def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_runs: Iterable[dict] = ()) -> dict:
     """Numbers for the no-training views: length stats and the first examples as trained (`dataset_stats`), the
-    first batch per collator, cost preview."""
+    first batch per collator, cost preview, the run's predicted peak memory (`memory_guard`) and time (`predicted`,
+    from the seconds per slot of `earlier_runs`, documents of earlier runs, if any)."""
+    from .duration import predicted  # duration.py reads this module's step costs
+
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples
     lengths = [len(ids) for ids in examples[: config.micro_batch_size]]
@@ -236,6 +245,7 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None) -> dict:
         },
         # The run's predicted peak against the free memory, before Run (memory_guard.py)
         "memory_guard": memory_guard.preview_memory(prepared).to_dict(),
+        "predicted": predicted(prepared, earlier_runs),
     }
 
 
@@ -289,6 +299,7 @@ def _sequential_bursts(prepared: Prepared, settings: BurstSettings, progress: Pr
         if stop_event is not None and stop_event.is_set():
             break
         results.append(_run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event))
+        release_memory()  # this collator's model and optimizer, before the next one's are built
         if on_result is not None:
             on_result(results[-1])
     return results
@@ -310,6 +321,8 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
     def burst(spec: CollatorSpec) -> None:
         turns.wait_for_turn(spec.name)
         try:
+            if stop_event is not None and stop_event.is_set():
+                return  # stopped before this collator's first step: no model to build, no step to take
             outcomes[spec.name] = _run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event, turns)
         except BaseException as error:  # handed to the caller's thread below
             outcomes[spec.name] = error
@@ -325,7 +338,7 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
     errors = [outcome for outcome in outcomes.values() if isinstance(outcome, BaseException)]
     if errors:
         raise errors[0]
-    results = [outcomes[spec.name] for spec in specs]
+    results = [outcomes[spec.name] for spec in specs if spec.name in outcomes]
     for result in results if on_result is not None else []:
         on_result(result)
     return results

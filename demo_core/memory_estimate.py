@@ -323,10 +323,11 @@ def _probe_spec(step: StepShape, settings: TrainingSettings, checkpointing: bool
 
 
 def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: TrainingSettings,
-                           heads: tuple[int, int]) -> dict[str, int]:
-    """What the varlen / flash_attention_2 kernel saves, per layer x layers, plus its index tensors once.
+                           heads: tuple[int, int], layers: int) -> dict[str, int]:
+    """What the varlen / flash_attention_2 kernel saves, per layer x `layers`, plus its index tensors once.
 
-    `heads` = (query heads, key/value heads) as the model hands them to the kernel (the probe observes them).
+    `heads` = (query heads, key/value heads) as the model hands them to the kernel, and `layers` the layers whose
+    kernel saves anything (LoRA's first layer may not: nothing before it needs a gradient); the probe observes both.
     CUDA in half precision (PyTorch's varlen_attn, flash-attn): q, k, v over the real tokens (kv heads unrepeated)
     and a logsumexp per token and head; with padding also the output over the real tokens and the index of the real
     tokens (without padding the output itself is o_proj's input, which the probe counts).
@@ -343,14 +344,14 @@ def attention_kernel_terms(shape: ModelShape, step: StepShape, settings: Trainin
     if flash:
         output = real * q_heads * d * c if step.has_padding else 0
         per_layer = real * (q_heads + 2 * kv_heads) * d * c + real * q_heads * _FP32_BYTES + output
-        shared = _INT64_BYTES * real if step.has_padding else 0  # gather/scatter index of the real tokens
-        return {"attention_kernel": shape.layers * per_layer, "attention_kernel_indices": shared}
+        shared = _INT64_BYTES * real if step.has_padding and layers else 0  # gather/scatter index of real tokens
+        return {"attention_kernel": layers * per_layer, "attention_kernel_indices": shared}
     buckets = bucket_shapes(segments)
     padded_slots = sum(n * length for n, length in buckets)
     per_layer = (padded_slots * ((2 * q_heads + 2 * kv_heads) * d * c + q_heads * _FP32_BYTES)
                  + real * q_heads * d * c)
-    return {"attention_kernel": shape.layers * per_layer,
-            "attention_kernel_indices": _INT64_BYTES * (padded_slots + 2 * real)}
+    return {"attention_kernel": layers * per_layer,
+            "attention_kernel_indices": _INT64_BYTES * (padded_slots + 2 * real) if layers else 0}
 
 
 def _weight_copy_bytes(config: Any, settings: TrainingSettings) -> int:
@@ -381,14 +382,15 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
     probed = activation_probe.probed_activations(
         config, _probe_spec(step, settings, settings.gradient_checkpointing), step.rows, step.seq_len, mask_bytes)
     terms, notes, reliable = probed.terms, list(probed.notes), probed.reliable
-    kernel = attention_kernel_terms(shape, step, settings, probed.kernel_heads) if probed.kernel_heads else {}
+    kernel = (attention_kernel_terms(shape, step, settings, probed.kernel_heads, probed.kernel_layers)
+              if probed.kernel_heads else {})
     recomputed = 0
     if settings.gradient_checkpointing:
         # Inside a checkpointed layer nothing is saved, the kernel's tensors included; one layer at a time is
         # recomputed in backward with everything the forward without checkpointing saves.
         full = activation_probe.probed_activations(
             config, _probe_spec(step, settings, checkpointing=False), step.rows, step.seq_len, mask_bytes)
-        recomputed = full.largest_layer_bytes + kernel.get("attention_kernel", 0) // shape.layers
+        recomputed = full.largest_layer_bytes + kernel.get("attention_kernel", 0) // max(probed.kernel_layers, 1)
         notes += [note for note in full.notes if note not in notes]
         reliable = reliable and full.reliable
     else:

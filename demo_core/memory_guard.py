@@ -102,6 +102,7 @@ def burst_memory_settings(spec: CollatorSpec, attention: str, settings: BurstSet
         context_bytes=context_bytes,
         loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
         gradients_kept=settings.grad_accum > 1,  # the gradients live through the later micro-batches' forwards
+        lora_rank=settings.lora_rank, lora_targets=settings.lora_targets, quantized_base=settings.qlora,
     )
 
 

@@ -2,9 +2,11 @@
 
 What each number is (the estimate of the same categories is in memory_estimate.py):
 
-    weights      parameters + buffers, each storage once (`tensor_bytes_by_category`)
-    gradients    every parameter's `.grad`
-    optimizer    the tensors in `optimizer.state` (accelerate's AcceleratedOptimizer unwrapped)
+    weights      parameters + buffers, each storage once (`tensor_bytes_by_category`); under LoRA the frozen base
+                 and the adapters; under QLoRA the 4-bit weights with their quantization constants
+    gradients    every parameter's `.grad` (under LoRA only the adapters have one)
+    optimizer    the tensors in `optimizer.state` (accelerate's AcceleratedOptimizer unwrapped; under LoRA it holds
+                 the adapters only, as Trainer builds it over the parameters that require a gradient)
     activations  what autograd saves for backward during one forward (`SavedActivationMeter`: saved-tensor hooks,
                  one count per storage, parameters excluded, FSDP's gathered full weights too)
     temporary    only an allocator timeline shows it: per-phase CUDA peaks (`PhasePeaks`); None otherwise
@@ -50,6 +52,16 @@ def _unwrap_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
+def _quantization_constants(params: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
+    """bitsandbytes' 4-bit weights (QLoRA) keep their block constants outside the parameter, in `quant_state`
+    (absmax, code, and with double quantization a second state for the absmax itself)."""
+    for param in params:
+        state = getattr(param, "quant_state", None)
+        while state is not None:
+            yield from (value for value in vars(state).values() if isinstance(value, torch.Tensor))
+            state = getattr(state, "state2", None)
+
+
 def tensor_bytes_by_category(model: torch.nn.Module, optimizer: Any = None) -> dict[str, int]:
     """Exact bytes of weights (parameters + buffers), gradients and optimizer state, each storage counted once."""
     seen: set[tuple[str, int, int]] = set()
@@ -69,7 +81,7 @@ def tensor_bytes_by_category(model: torch.nn.Module, optimizer: Any = None) -> d
         return nbytes
 
     params = list(model.parameters())
-    weights = total(list(params) + list(model.buffers()))
+    weights = total([*params, *model.buffers(), *_quantization_constants(params)])
     gradients = total(p.grad for p in params if p.grad is not None)
     opt = _unwrap_optimizer(optimizer)
     state_tensors: list[torch.Tensor] = []
@@ -287,6 +299,32 @@ class PhasePeaks:
     @property
     def peak_moment(self) -> str | None:
         return max(self.peaks, key=self.peaks.get) if self.peaks else None
+
+
+# What a result's one peak (`peak_memory_bytes`, `memory.peak_bytes`) is on each device, in words for the reader.
+PEAK_KINDS = {
+    "cuda": "allocator peak (torch.cuda.max_memory_allocated): the most bytes live tensors held at once in a step",
+    "cpu": "sum of live tensor sizes at the end of the forward (weights + optimizer state + saved activations): a "
+           "CPU process has no allocator peak to read",
+}
+
+
+def measured_peak(device: str, measured: Mapping[str, int | None],
+                  peaks: PhasePeaks) -> tuple[int | None, str | None, dict[str, int]]:
+    """(peak bytes, its moment, the bytes alive then by category, adding up to the peak): the one peak a result
+    reports, with what made it, so that a picture of it never stacks categories that were not alive together.
+
+    CUDA: the allocator's peak over the steps' phases; weights and optimizer state are alive throughout, and the rest
+    ("other": saved activations, gradients, temporaries) is what the allocator held beyond them, which it does not
+    split. CPU: the live tensors at the end of the forward, category by category."""
+    if device == "cuda":
+        peak = peaks.peak_bytes
+        held = {category: measured.get(category) or 0 for category in ("weights", "optimizer")}
+        parts = {**held, "other": max(0, peak - sum(held.values()))} if peak else {}
+        return peak, peaks.peak_moment, parts
+    parts = {category: measured.get(category) or 0 for category in ("weights", "optimizer", "activations")}
+    peak = sum(parts.values()) or None
+    return peak, "forward_end", parts if peak else {}
 
 
 def memory_report(

@@ -22,7 +22,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.utils import logging as transformers_logging
 
-from .errors import DemoInputError, offline_hint
+from . import hub
+from .errors import DemoInputError
 from .isolation import exclusive
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
@@ -223,6 +224,21 @@ def _preset_source(preset: Preset) -> ModelSource:
     return config_source(preset.name, preset.config(), byte_tokenizer())
 
 
+def _hub_target(name: str) -> bool:
+    """For a name that is no folder here: whether only the local cache may be read (the hub cannot be reached).
+    Refuses, with the reason, a name that is no hub id, or one the hub cannot give and the cache does not have."""
+    if not hub.is_hub_id(name):
+        raise DemoInputError(f"cannot load model {name!r}: no folder of that name here, and not a preset "
+                             f"({', '.join(PRESETS)}) or a hub id (owner/name)")
+    reason = hub.offline_reason()
+    if reason is None:
+        hub.config_file(name)  # fetched alone first: a missing, gated or config-less repository says which
+    elif not hub.is_cached(name):
+        raise DemoInputError(f"cannot load model {name!r}: {hub.not_cached(name, reason)}; the presets work "
+                             f"offline: {', '.join(PRESETS)}")
+    return reason is not None
+
+
 def _pretrained_source(name_or_path: str) -> ModelSource:
     """A hub id or a local folder with config.json, weights and a tokenizer."""
     local = Path(name_or_path).expanduser()
@@ -232,19 +248,23 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         raise DemoInputError(f"model folder {name_or_path!r} has no config.json: it is not a model folder")
     target = str(local) if local.is_dir() else name_or_path
     try:
-        config = AutoConfig.from_pretrained(target, trust_remote_code=False)
-        tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False)
+        local_only = local.is_dir() or _hub_target(name_or_path)
+    except DemoInputError as error:
+        message = str(error)
+        raise DemoInputError(message if message.startswith("cannot load model") else
+                             f"cannot load model {name_or_path!r}: {message}") from None
+    try:
+        config = AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
     except (OSError, ValueError) as error:
         if "custom code" in str(error):  # auto_map to the model's own Python files: never run (trust_remote_code)
             raise DemoInputError(
                 f"model {name_or_path!r} needs its own Python code to load (auto_map), and this app never runs "
                 f"code that comes with a model (trust_remote_code is off); use a model transformers supports natively"
             ) from None
-        hint = offline_hint("models")
-        raise DemoInputError(
-            f"cannot load model {name_or_path!r}{hint}: it is not a preset ({', '.join(PRESETS)}), "
-            f"a model folder, or a loadable hub id ({type(error).__name__})"
-        ) from None
+        where = "its folder" if local.is_dir() else "the local cache" if local_only else "the hub"
+        raise DemoInputError(f"cannot load model {name_or_path!r}: its config or tokenizer could not be read from "
+                             f"{where} ({type(error).__name__})") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -252,7 +272,8 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
         try:
             return AutoModelForCausalLM.from_pretrained(
-                target, attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False
+                target, attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False,
+                local_files_only=local_only,
             )
         except (OSError, ValueError) as error:
             raise DemoInputError(f"cannot load weights of {name_or_path!r}: {error}".splitlines()[0]) from None

@@ -2,7 +2,7 @@
 
 Every number comes from memory_estimate.py, the code path that estimates each burst: a preset with a run's settings
 gives that run's own estimate, byte for byte. The planner adds what a run here never does: configs of real models
-(shipped in model_configs/, or a hub id from the local cache), LoRA / QLoRA, 8-bit AdamW, Adafactor and pure bf16,
+(shipped in model_configs/, or any hub id, its config.json alone), LoRA / QLoRA, 8-bit AdamW, Adafactor and pure bf16,
 N GPUs with ZeRO / FSDP sharding, and the largest batch size and sequence length that fit.
 
 Three numbers per plan, each for what it predicts (memory_reserve.py):
@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from . import data
+from . import data, hub
 from .activation_probe import model_head
 from .attention import resolve_attention  # the engine's own attention choice
 from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES
@@ -178,22 +178,26 @@ def _shipped_config(path: Path) -> PretrainedConfig:
 
 
 def load_config(model: str) -> PretrainedConfig:
-    """A preset, a shipped config (short name or its hub id), a local folder, or a hub id from the local cache."""
+    """A preset, a shipped config (short name or its hub id), a local folder, or any hub id: its config.json alone,
+    from the local cache or fetched when the hub can be reached (hub.config_file), as the model-memory Space does."""
     if model in PRESETS:
         return PRESETS[model].config()
     shipped = shipped_configs()
     by_hub_id = {json.loads(path.read_text()).get("_name_or_path"): path for path in shipped.values()}
     if model in shipped or model in by_hub_id:
         return _shipped_config(shipped.get(model) or by_hub_id[model])
+    known = f"not a preset ({', '.join(PRESETS)}), not a shipped config ({', '.join(shipped)})"
+    folder = Path(model).expanduser()
+    if not folder.is_dir() and not hub.is_hub_id(model):
+        raise DemoInputError(f"cannot read a config for {model!r}: {known}, and not a folder or a hub id")
     try:
-        # Never the network: an answer in under a second, and the same answer offline.
-        return AutoConfig.from_pretrained(model, trust_remote_code=False, local_files_only=True)
+        path = folder if folder.is_dir() else Path(hub.config_file(model)).parent
+        return AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except DemoInputError as error:  # no network and not cached, or the hub has no such model
+        raise DemoInputError(f"cannot read a config for {model!r}: {known}, and {error}") from None
     except (OSError, ValueError) as error:
-        raise DemoInputError(
-            f"cannot read a config for {model!r}: not a preset ({', '.join(PRESETS)}), not a shipped config "
-            f"({', '.join(shipped)}), and not a folder or hub id whose config.json is in the local cache (the "
-            f"planner downloads nothing: `hf download {model} config.json` fetches it; {type(error).__name__})"
-        ) from None
+        raise DemoInputError(f"cannot read a config for {model!r}: {known}, and its config.json could not be read "
+                             f"({type(error).__name__})") from None
 
 
 def _attention(request: PlanRequest, config: PretrainedConfig) -> str:

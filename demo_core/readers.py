@@ -18,7 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import DemoInputError, offline_hint
+from . import hub
+from .errors import DemoInputError
 
 FILE_SUFFIXES = (".json", ".jsonl", ".ndjson")  # compared lower-case: `.JSONL` is a data file too
 BYTE_ORDER_MARK = "\ufeff"
@@ -148,12 +149,16 @@ def read_hub(dataset_id: str, builtin_names: tuple[str, ...]) -> list[RawRecord]
     """The train split of a hub dataset (works offline only for datasets already in the local cache)."""
     import datasets
 
+    # Without a network datasets' hub client retries for ~20 s before it fails: ask the hub once first (hub.py).
+    reason = hub.offline_reason()
+    if reason is not None and not hub.dataset_in_cache(dataset_id):
+        raise DemoInputError(f"cannot load dataset {dataset_id!r}: not a built-in ({', '.join(builtin_names)}), not an "
+                             f"existing file, and {hub.not_cached(dataset_id, reason, '--repo-type', 'dataset')}")
     try:
         dataset = datasets.load_dataset(dataset_id, split="train")
     except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
-        hint = offline_hint("datasets")
         raise DemoInputError(
-            f"cannot load dataset {dataset_id!r}{hint}: not a built-in ({', '.join(builtin_names)}), "
+            f"cannot load dataset {dataset_id!r}: not a built-in ({', '.join(builtin_names)}), "
             f"not an existing file, and not a loadable hub dataset ({type(error).__name__})"
         ) from None
     return [RawRecord(f"{dataset_id} row {index}", row) for index, row in enumerate(dataset)]

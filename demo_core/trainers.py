@@ -60,6 +60,9 @@ class BurstSettings:
     grad_accum: int = 1  # micro-batches per optimizer step
     loss_on: str = "all"  # resolved (rendering.resolve_loss_on): all | completion | assistant
     fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (distributed.py)
+    lora_rank: int = 0  # 0: full fine-tune (lora_burst.py)
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    qlora: bool = False
 
 
 class RecordingTrainer(FSDPTrainerMixin, Trainer):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from demo_core.anatomy import OP_CLASSES, PHASES, backward_over_forward
-from demo_core.collators import BASELINE, collator_spec
+from demo_core.collators import BASELINE, COLLATORS, collator_spec
 from demo_core.results import ABOVE_IDEAL_TOLERANCE
 
 
@@ -134,8 +134,12 @@ def contamination_title(document: dict) -> str:
 
 
 def best_speedup(document: dict) -> float | None:
+    """The best speedup over padded among the collators that compare like for like: those whose registry entry
+    claims padded's losses (the same batches, the same loss). bfd trains other batches and naive-concat a wrong
+    loss, so a larger number of theirs is not packing's speedup; a collator no longer registered is left out too."""
     speedups = [entry["speedup_vs_padded"] for name, entry in document.get("comparison", {}).items()
-                if name != BASELINE and entry["speedup_vs_padded"] is not None]
+                if name != BASELINE and name in COLLATORS and COLLATORS[name].loss_parity
+                and entry["speedup_vs_padded"] is not None]
     return max(speedups) if speedups else None
 
 
@@ -420,12 +424,20 @@ def rank_memory_lines(document: dict) -> list[str]:
     return lines
 
 
+def training_words(config: dict) -> str:
+    """What trains, when it is not every weight: "  LoRA r=8 on all-linear" (QLoRA: on a 4-bit base)."""
+    if not config.get("lora_rank"):
+        return ""
+    base = " on a 4-bit base (QLoRA)" if config.get("qlora") else ""
+    return f"  LoRA r={config['lora_rank']} on {','.join(config.get('lora_targets') or ['all-linear'])}{base}"
+
+
 def format_report(document: dict) -> str:
     stats, config = document["dataset_stats"], document["config"]
     accumulation = config.get("grad_accum", 1)
     lines = [
         f"model {config['model']}  attention {config['resolved_attention']}  device {config['resolved_device']}  "
-        f"precision {config['resolved_precision']}" +
+        f"precision {config['resolved_precision']}{training_words(config)}" +
         (f"  gradient accumulation {accumulation} x {config['batch_size'] // accumulation} examples per step"
          if accumulation > 1 else ""),
         f"dataset {stats['name']}: {stats['count']} examples, mean {stats['mean']:.0f} tokens, "

@@ -54,6 +54,7 @@ class PreviewDocument(TypedDict):
     batches: dict[str, dict[str, Any]]
     cost: dict[str, Any]
     memory_guard: dict[str, Any]
+    predicted: dict[str, Any]  # the run's predicted time: duration_s, basis, setup_s, step_s, long, long_after_s
 
 
 class RunSummary(TypedDict):

@@ -33,7 +33,13 @@ class Form:
 
     def shown(self, values: dict) -> dict:
         """`{widget: value}` for the settings in `values` (a handler writing settings back into the inputs)."""
-        return {self.widgets[name]: value for name, value in values.items() if name in self.widgets}
+        return {self.widgets[name]: as_widget_value(self.widgets[name], value) for name, value in values.items()
+                if name in self.widgets}
+
+
+def as_widget_value(widget: gr.components.Component, value):
+    """A list setting typed into a text box (LoRA's targets) is shown comma-separated, as the CLI takes it."""
+    return ",".join(value) if isinstance(widget, gr.Textbox) and isinstance(value, (list, tuple)) else value
 
 
 def _kind(item: Setting) -> str:
@@ -67,6 +73,7 @@ def _component(item: Setting, value, limits, elem_id: str, enter_hint: str):
     common = dict(label=label, info=item.help, elem_id=elem_id)
     offered = item.page.choices() if callable(item.page.choices) else item.page.choices
     if kind == "text":
+        value = ",".join(value) if isinstance(value, (list, tuple)) else value
         return text_with_chips(item.builtin_values(), value, label, f"{item.help}; {enter_hint}", elem_id)
     if kind == "slider":
         steps = dict(step=1) if item.base is int else {}

@@ -1,0 +1,47 @@
+"""preview()'s `predicted`: the run's time before Run, from earlier runs of the same kind when there are some."""
+
+from __future__ import annotations
+
+import pytest
+
+from demo_core import RunConfig, prepare, preview
+from demo_core.duration import slots_per_step
+
+RUN = dict(model="tiny-llama", dataset="flan-like", samples=32, steps=10, batch_size=4,
+           collators=("padded", "flatten"))
+
+
+def _earlier_run(seconds_per_slot: float, **config) -> dict:
+    """An earlier run's document as the history keeps it: 6 steps of 1,000 slots each."""
+    return {"config": {"model": "tiny-llama", "resolved_device": "cpu", "resolved_precision": "fp32", **config},
+            "results": [{"step_times_s": [1000 * seconds_per_slot] * 6, "step_padded_slots": [1000] * 6,
+                         "profiled_step": 2}]}
+
+
+def test_preview_predicts_the_run_time_from_the_parameters_then_from_earlier_runs():
+    prepared = prepare(RunConfig(**RUN))
+    first = preview(prepared)["predicted"]
+    assert first["basis"] == "parameters" and first["duration_s"] > 0
+    assert set(first["step_s"]) == {"padded", "flatten"}
+    assert first["step_s"]["flatten"] < first["step_s"]["padded"]  # packed: only the real tokens
+
+    known = preview(prepared, earlier_runs=[_earlier_run(2e-4)])["predicted"]
+    slots = slots_per_step(prepared)
+    assert known["basis"] == "history"
+    assert known["step_s"] == pytest.approx({name: n * 2e-4 for name, n in slots.items()})
+    assert known["duration_s"] == pytest.approx(2 * known["setup_s"] + 10 * sum(known["step_s"].values()))
+    assert known["long"] is (known["duration_s"] > known["long_after_s"])
+
+
+def test_a_lora_run_is_not_predicted_from_full_fine_tunes():
+    prepared = prepare(RunConfig(**RUN, lora_rank=8))
+    predicted = preview(prepared, earlier_runs=[_earlier_run(2e-4)])["predicted"]
+    assert predicted["basis"] == "parameters"
+    predicted = preview(prepared, earlier_runs=[_earlier_run(2e-4, lora_rank=8)])["predicted"]
+    assert predicted["basis"] == "history"
+
+
+def test_a_long_run_is_flagged_long():
+    prepared = prepare(RunConfig(**{**RUN, "steps": 1000}))
+    predicted = preview(prepared, earlier_runs=[_earlier_run(1e-3)])["predicted"]
+    assert predicted["duration_s"] > predicted["long_after_s"] and predicted["long"] is True
