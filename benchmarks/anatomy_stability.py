@@ -14,9 +14,7 @@ differs by more than the tolerance or a ratio is not sane. Writes `anatomy_stabi
 
 from __future__ import annotations
 
-import argparse
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.speedup_stability import _run_cli, _spin  # noqa: E402  (the same runs, the same load)
+from benchmarks.speedup_stability import _run_cli, busy_cores, stability_parser  # noqa: E402  (same runs, same load)
 from demo_core.anatomy import PLAUSIBLE_BACKWARD_OVER_FORWARD, backward_over_forward  # noqa: E402
 
 
@@ -71,24 +69,13 @@ def markdown(rows: list[dict], tolerance: float, agree: bool) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--busy-cores", type=int, default=2, help="spinning processes started for the whole check")
-    parser.add_argument("--tolerance", type=float, default=0.10, help="allowed difference of a share between runs")
-    parser.add_argument("--out", default="runs/anatomy_stability")
-    parser.add_argument("cli_args", nargs="*", help="after --: arguments for `python -m demo_core compare`")
-    args = parser.parse_args(argv)
+    args = stability_parser(__doc__, 2, 0.10, "allowed difference of a share between runs",
+                            "runs/anatomy_stability").parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy_cores)]
-    for spinner in spinners:
-        spinner.start()
     load_before = os.getloadavg()
-    try:
+    with busy_cores(args.busy_cores):
         documents = [_run_cli(args.cli_args, out / f"run-{run + 1}.json") for run in range(args.runs)]
-    finally:
-        for spinner in spinners:
-            spinner.terminate()
     rows, agree = compare_runs(documents, args.tolerance)
     table = markdown(rows, args.tolerance, agree)
     (out / "anatomy_stability.md").write_text(table)

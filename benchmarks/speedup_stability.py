@@ -13,6 +13,7 @@ and flags. The target: every run within ±15% (--tolerance) of the median run. E
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -30,6 +31,33 @@ def _spin() -> None:
         pass
 
 
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """`count` processes that each keep a core busy while the block runs (a spin loop, as `python -c "while True:
+    pass"`)."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(count)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+
+
+def stability_parser(description: str, busy_cores_default: int, tolerance_default: float, tolerance_help: str,
+                     out_default: str) -> argparse.ArgumentParser:
+    """The arguments both stability checks take: runs, busy cores, tolerance, output folder, the CLI's arguments."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--busy-cores", type=int, default=busy_cores_default,
+                        help="spinning processes started for the whole check")
+    parser.add_argument("--tolerance", type=float, default=tolerance_default, help=tolerance_help)
+    parser.add_argument("--out", default=out_default)
+    parser.add_argument("cli_args", nargs="*", help="after --: arguments for `python -m demo_core compare`")
+    return parser
+
+
 def _run_cli(extra: list[str], json_path: Path) -> dict:
     command = [sys.executable, "-m", "demo_core", "compare", "--json", str(json_path), *extra]
     started = time.perf_counter()
@@ -40,22 +68,14 @@ def _run_cli(extra: list[str], json_path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--busy-cores", type=int, default=1, help="spinning processes started for the whole check")
+    parser = stability_parser(__doc__, 1, 0.15, "allowed deviation from the median run", "runs/speedup_stability")
     parser.add_argument("--collator", default="flatten", help="whose speedup over padded is compared")
-    parser.add_argument("--tolerance", type=float, default=0.15, help="allowed deviation from the median run")
-    parser.add_argument("--out", default="runs/speedup_stability")
-    parser.add_argument("cli_args", nargs="*", help="after --: arguments for `python -m demo_core compare`")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy_cores)]
-    for spinner in spinners:
-        spinner.start()
     load_before = os.getloadavg()
     rows = []
-    try:
+    with busy_cores(args.busy_cores):
         for run in range(args.runs):
             document = _run_cli(args.cli_args, out / f"run-{run + 1}.json")
             entry = document["comparison"][args.collator]
@@ -64,9 +84,6 @@ def main(argv=None) -> int:
                          "work_ideal": entry.get("work_ideal_speedup"), "flags": entry.get("flags", []),
                          "wall_s": document["wall_s"], "load_1min": os.getloadavg()[0]})
             print(rows[-1], flush=True)
-    finally:
-        for spinner in spinners:
-            spinner.terminate()
     speedups = [row["speedup"] for row in rows]
     middle = statistics.median(speedups)
     deviations = [speedup / middle - 1 for speedup in speedups]
