@@ -14,8 +14,8 @@ from .collators import COLLATORS, collator_names
 from .data import BUILTIN_DATASETS
 from .errors import DemoInputError
 from .models import PRESETS
-from .precision import ESTIMATE_PRECISION_NAMES, PRECISION_NAMES  # noqa: F401 (ESTIMATE_*: for importers)
-from .settings import Widget, as_float, as_int, checked_values, setting  # noqa: F401 (as_float, as_int: for importers)
+from .precision import PRECISION_NAMES
+from .settings import Widget, checked_values, setting
 
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 OPTIMIZER_NAMES = ("adamw", "sgd")
