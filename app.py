@@ -36,9 +36,10 @@ from demo_core.stop import TIME_BUDGET  # noqa: E402
 from serving import gpu, history_view, layout, page, planner_page, provenance, runs, uploads, views  # noqa: E402
 from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, documented_api,  # noqa: E402
                               settings_endpoint)
-from presentation import report  # noqa: E402
+from presentation import headline  # noqa: E402
 from serving.errors import user_errors  # noqa: E402
 from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
+from serving.page import Screen  # noqa: E402
 from serving.sessions import Session  # noqa: E402
 from serving.uploads import Upload  # noqa: E402
 
@@ -52,23 +53,29 @@ def prepare_inputs(upload: Upload | None, **settings) -> demo_core.Prepared:
     return prepare_from_inputs(LIMITS, upload, **settings)
 
 
+def preview_of(run: demo_core.Prepared | RunConfig) -> dict:
+    """The preview, its predicted time from the seconds per token slot of the runs saved here (duration.py)."""
+    return demo_core.preview(run, limits=LIMITS, earlier_runs=(entry.document for entry in HISTORY.entries()))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Handlers: the page's settings arrive by name (`inputs_kwargs`, one per declared setting), and each returns or yields
-# `{component: value}` for what it changes (the components are the page's, `UI`, built below).
+# `{component: value}` for what it changes (the components are the page's, `UI`, built below). Those that draw
+# figures take the browser's `screen` (serving.page.Screen: the views column's width and its pixel density).
 # ----------------------------------------------------------------------------------------------------------------
 
 @user_errors
-def show_preview(*, upload=None, shown: dict | None = None, picture_px: float | None = None, **settings):
+def show_preview(*, upload=None, shown: dict | None = None, screen: dict | None = None, **settings):
     """Sends the batch picture as soon as it is drawn (the view people wait for), then the histogram and costs.
     Values the picture already shows (a box left without a change) are not drawn again."""
     inputs = {**settings, "upload": upload}
     if provenance.is_shown(shown, inputs):
         yield {UI.shown_preview: gr.skip()}
         return
-    preview = demo_core.preview(prepare_inputs(Upload.from_value(upload), **settings))
-    yield {UI.views.batch_plot: views.batch_picture(preview, picture_px),
+    preview = preview_of(prepare_inputs(Upload.from_value(upload), **settings))
+    yield {UI.views.batch_plot: views.batch_picture(preview, Screen.of(screen)),
            UI.shown_preview: provenance.preview_shown(preview["config"], inputs)}
-    yield views.lengths_views(UI.views, preview, picture_px)
+    yield views.lengths_views(UI.views, preview, Screen.of(screen))
 
 
 def preview_failed(*, upload=None, shown: dict | None = None, **settings) -> dict:
@@ -103,32 +110,28 @@ def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: U
     return status
 
 
-def _collator_done(preview: dict, partial: dict, done: int, of: int, picture_px: float | None) -> dict:
-    """The views after `done` of `of` collators finished: their lines, figures, table and time anatomy."""
-    summary = "\n".join(f"- {line}" for line in report.collator_lines(partial, preview["attention_why"]))
-    return {UI.views.summary: f"### Training: {done} of {of} collators done\n{summary}",
-            **views.result_figures(UI.views, partial, picture_px), UI.views.results: report.results_table(partial),
-            **views.anatomy_views(UI.views, partial, picture_px),
+def _collator_done(preview: dict, partial: dict, done: int, of: int, screen: Screen) -> dict:
+    """The views after `done` of `of` collators finished: the headline so far, figures, table and time anatomy."""
+    return {**views.training_views(UI.views, partial, done, of, preview["attention_why"], screen),
             UI.shown_run: provenance.run_training(preview["config"], done, of)}
 
 
 @user_errors
-def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, picture_px: float | None = None,
-             **settings):
+def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, screen: dict | None = None, **settings):
     """Prepares the run once and draws its batch, then trains (on ZeroGPU: in the GPU worker) and yields the views
     after each collator; the last yield adds the history row and empties the upload box (the file is deleted)."""
     started = time.perf_counter()
-    session, file = Session.of(request), Upload.from_value(upload)
+    session, file, screen = Session.of(request), Upload.from_value(upload), Screen.of(screen)
     emptied_upload = {} if file is None else {UI.upload: None}
     # Running from the click on: a Stop while the run is prepared or its batch drawn ends it before training
     # (the marker would otherwise only exist once training starts, and Stop would say nothing runs).
     with session.running():
         prepared = prepare_inputs(file, **settings)
         job = runs.plan(prepared, HISTORY, LIMITS, session.stop_marker, file)
-        preview = demo_core.preview(prepared)
+        preview = preview_of(prepared)
         config, steps, collator_count = preview["config"], prepared.config.steps, len(prepared.specs)
         yield {UI.bar.status: "Training… Stop ends it after the current step.",
-               **views.preview_views(UI.views, preview, picture_px),
+               **views.preview_views(UI.views, preview, screen),
                UI.shown_preview: provenance.preview_shown(config, {**settings, "upload": upload}),
                UI.shown_run: provenance.run_training(config, 0, collator_count)}
         total_steps = collator_count * steps
@@ -147,7 +150,7 @@ def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, pictur
                     done = len(payload[0]["results"])
                     progress((sum(steps_done.values()), total_steps),
                              desc="contamination check" if done == collator_count else "next collator")
-                    yield _collator_done(preview, payload[0], done, collator_count, picture_px)
+                    yield _collator_done(preview, payload[0], done, collator_count, screen)
                 else:
                     entry = payload[0]
     if entry is None:  # stopped before its first step: while it was prepared, or waited for the GPU
@@ -155,9 +158,10 @@ def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, pictur
                UI.views.summary: "### Stopped before the first step", UI.shown_run: provenance.run_empty(),
                **emptied_upload}
         return
+    status = headline.status_line(entry.document, time.perf_counter() - started)
     yield {UI.bar.status: _saved_status(entry, job, file),
-           UI.views.summary: report.headline(entry.document, time.perf_counter() - started, preview["attention_why"]),
-           **views.result_views(UI.views, entry.document, entry.run_id, picture_px),
+           **views.headline_views(UI.views, entry.document, status, preview["attention_why"]),
+           **views.result_views(UI.views, entry.document, entry.run_id, screen),
            UI.shown_run: provenance.run_saved(entry.run_id, entry.saved_at, entry.document),
            UI.views.history: history_table(request), **emptied_upload}
 
@@ -169,11 +173,11 @@ def request_stop(request: gr.Request) -> str:
 
 
 @user_errors
-def show_history_run(selection: gr.SelectData, request: gr.Request, *, picture_px: float | None = None) -> dict:
+def show_history_run(selection: gr.SelectData, request: gr.Request, *, screen: dict | None = None) -> dict:
     """Redraws a run picked in the history table: its settings go back into the inputs (without training), its
     batch is redrawn when its data is still readable, and its results fill section 2."""
     entry = history_view.entry(HISTORY, Session.of(request), str(selection.row_value[0]))
-    document, config = entry.document, entry.document["config"]
+    document, config, screen = entry.document, entry.document["config"], Screen.of(screen)
     settings = provenance.settings_of(config)
     shown, attention_why, missing = {}, None, None
     if entry.private:  # its dataset was an upload, deleted after the run: the dataset box keeps what it has
@@ -181,18 +185,19 @@ def show_history_run(selection: gr.SelectData, request: gr.Request, *, picture_p
         missing = f"the batch of run {entry.run_id} cannot be redrawn: its uploaded file was deleted"
     else:
         try:
-            preview = demo_core.preview(config_from_document(document), limits=LIMITS)
-            shown, attention_why = views.preview_views(UI.views, preview, picture_px), preview["attention_why"]
+            preview = preview_of(config_from_document(document))
+            shown, attention_why = views.preview_views(UI.views, preview, screen), preview["attention_why"]
         except demo_core.DemoInputError as error:  # e.g. a data file that has since been removed
             missing = f"the batch of run {entry.run_id} cannot be redrawn: {error}"
     if missing:
-        shown = {**dict.fromkeys(views.preview_outputs(UI.views)), UI.views.cost: f"*{missing[0].upper()}{missing[1:]}.*"}
-    return {UI.views.summary: f"*Run {entry.run_id} from the history*\n\n"
-                              + report.headline(document, attention_why=attention_why),
-            **UI.settings.shown(settings), UI.upload: None,  # emptied: the run's data is its dataset
+        shown = {**dict.fromkeys(views.preview_outputs(UI.views)),
+                 UI.views.cost: f"*{missing[0].upper()}{missing[1:]}.*"}
+    status = f"*Run {entry.run_id} from the history*\n\n{headline.status_line(document)}"
+    return {**views.headline_views(UI.views, document, status, attention_why), **UI.settings.shown(settings),
+            UI.upload: None,  # emptied: the run's data is its dataset
             **shown, UI.shown_preview: provenance.preview_shown(config, None, missing),
             UI.shown_run: provenance.run_saved(entry.run_id, entry.saved_at, document),
-            **views.result_views(UI.views, document, entry.run_id, picture_px)}
+            **views.result_views(UI.views, document, entry.run_id, screen)}
 
 
 def history_table(request: gr.Request) -> list[list]:
@@ -293,10 +298,10 @@ def build_demo(defaults: RunConfig = DEFAULTS) -> tuple[gr.Blocks, SimpleNamespa
                 ui.upload = ui.settings.extras["upload"]
             with gr.Column(scale=3):
                 ui.views = layout.views_column()
-        # What each section shows (serving.provenance), and the batch picture's width (set by WITH_PICTURE_WIDTH).
+        # What each section shows (serving.provenance), and the screen the figures are drawn for (set by WITH_SCREEN).
         ui.shown_preview, ui.shown_run = gr.State(None), gr.State(provenance.NO_RUN)
-        ui.picture_px = gr.Number(visible=False)
-        planner_page.build_planner_section(demo, ui.picture_px)
+        ui.screen = gr.JSON(visible=False)
+        planner_page.build_planner_section(demo, ui.screen)
         _wire(demo, ui)
         for endpoint, name, returns, options in (
                 (compare, "compare", "document", dict(concurrency_id="training")),
@@ -311,8 +316,8 @@ def build_demo(defaults: RunConfig = DEFAULTS) -> tuple[gr.Blocks, SimpleNamespa
 
 def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     bar, form, shown = ui.bar, ui.settings, ui.views
-    # The page's settings by name (one widget per declared setting) and the upload box; the picture's width last,
-    # where WITH_PICTURE_WIDTH puts it.
+    # The page's settings by name (one widget per declared setting) and the upload box; the screen last, where
+    # WITH_SCREEN puts it.
     page_inputs = {**form.widgets, "upload": ui.upload}
     preview_outputs, result_outputs = views.preview_outputs(shown), views.result_outputs(shown)
     # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
@@ -320,8 +325,8 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     in_preview_group = dict(concurrency_id="preview", concurrency_limit=4, api_visibility="private")
     # Bookkeeping that waits for nothing. Queued all the same: a State that an unqueued event sets fires no `change`.
     instant = dict(concurrency_limit=None, show_progress="hidden", api_visibility="private")
-    preview_options = dict(fn=show_preview, js=page.WITH_PICTURE_WIDTH, outputs=[*preview_outputs, ui.shown_preview],
-                           inputs_kwargs={**page_inputs, "shown": ui.shown_preview, "picture_px": ui.picture_px},
+    preview_options = dict(fn=show_preview, js=page.WITH_SCREEN, outputs=[*preview_outputs, ui.shown_preview],
+                           inputs_kwargs={**page_inputs, "shown": ui.shown_preview, "screen": ui.screen},
                            trigger_mode="always_last", show_progress="minimal", **in_preview_group)
     # Only what a person does triggers a preview (`input`, Enter, leaving a box, a chip, an upload), never a value a
     # handler writes (a history click fills every input at once; that run's batch is drawn by the click itself).
@@ -336,11 +341,11 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
           api_visibility="private")
     demo.load(history_table, outputs=shown.history, api_visibility="private")  # every load: survives restarts
 
-    training = bar.run_button.click(begin_run, **instant,
+    # A phone shows the settings first: Run takes the visitor to the headline, where the results will appear.
+    training = bar.run_button.click(begin_run, js=page.TO_HEADLINE, **instant,
                                     outputs=[bar.run_button, bar.status, shown.summary, *result_outputs, ui.shown_run])
-    run = training.then(run_page, inputs_kwargs={**page_inputs, "picture_px": ui.picture_px},
-                        js=page.WITH_PICTURE_WIDTH, api_visibility="private", concurrency_id="training",
-                        show_progress_on=[bar.progress],
+    run = training.then(run_page, inputs_kwargs={**page_inputs, "screen": ui.screen}, js=page.WITH_SCREEN,
+                        api_visibility="private", concurrency_id="training", show_progress_on=[bar.progress],
                         outputs=[bar.status, shown.summary, *preview_outputs, *result_outputs, ui.shown_preview,
                                  ui.shown_run, shown.history, ui.upload])
     # Gradio 6.31's page follows a failed event with its `.failure` listeners only (not `.then`, whatever its docs
@@ -349,7 +354,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     run.failure(run_failed, inputs=ui.shown_run, outputs=[bar.run_button, bar.status, ui.shown_run], **instant)
     bar.stop_button.click(request_stop, outputs=bar.status, api_visibility="private", concurrency_limit=None,
                           concurrency_id="stop")
-    shown.history.select(show_history_run, inputs_kwargs={"picture_px": ui.picture_px}, js=page.WITH_PICTURE_WIDTH,
+    shown.history.select(show_history_run, inputs_kwargs={"screen": ui.screen}, js=page.WITH_SCREEN,
                          **in_preview_group,
                          outputs=[shown.summary, *form.widgets.values(), ui.upload, *preview_outputs,
                                   ui.shown_preview, ui.shown_run, *result_outputs])

@@ -285,12 +285,6 @@ class BatchLayout:
     width_in: float
 
     @property
-    def dpi(self) -> int:
-        # Narrow pictures are shown on phones, whose screens have 2-3 device pixels per CSS pixel: more of them keep
-        # the picture sharp there; a desktop's would only cost encoding time.
-        return FIGURE_DPI if self.width_in >= WIDE_FROM_IN else 2 * FIGURE_DPI
-
-    @property
     def wrap(self) -> int:
         """Characters per line of a title."""
         return int(self.width_in * CHARS_PER_IN)
@@ -399,9 +393,10 @@ def _rows(layout: BatchLayout, titles: dict, lengths: list[int], packed_row_coun
     return rows
 
 
-def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
+def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN, *, dpi: float = FIGURE_DPI) -> Figure:
     """The first batch under each selected collator (top) and the attention masks (bottom), from `preview()`, laid
-    out `width_in` inches wide (narrow: titles wrapped, masks two by two).
+    out `width_in` inches wide (narrow: titles wrapped, masks two by two), `dpi` pixels per inch (the page asks for
+    its screen's device pixels: serving.page.Screen).
 
     The padded grid and the flattened row are always drawn, since the picture exists to contrast them; they use
     the engine's batches when those collators are selected.
@@ -415,7 +410,7 @@ def batch_figure(preview: dict, width_in: float = BATCH_MAX_IN) -> Figure:
     rows = _rows(layout, titles, lengths, None if packed_rows is None else len(batches[packed_rows]["row_lengths"]),
                  groups, mask_in, legend)
     heights = [height for _, height in rows]
-    figure = Figure(figsize=(layout.width_in, sum(heights)), dpi=layout.dpi)
+    figure = Figure(figsize=(layout.width_in, sum(heights)), dpi=dpi)
     grid = figure.add_gridspec(len(rows), 1, height_ratios=heights, hspace=0, left=0, right=1, top=1, bottom=0)
     slot = {name: grid[index] for index, (name, _) in enumerate(rows) if name != "space"}
     _draw_padded(_row_axes(figure, slot["padded"], layout), padded, titles["padded"])

@@ -13,14 +13,15 @@ from matplotlib.patches import Patch
 
 from demo_core import GIB, MEMORY_CATEGORIES as CATEGORIES, DeviceEstimate, Plan, largest_fit_words
 
-from .plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, wrap_lines
+from .plots import (FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN, TITLE_CHARS_PER_IN, BarLabel, axes_sizes_pt,
+                    stack_labels, top_for, wrap_lines)
 
 GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
 
 
 def summary_markdown(result: Plan) -> str:
     device, request, fit_words = result.device, result.request, largest_fit_words(result.to_dict())
-    fits = " · ".join(f"{gb} GB {'✅' if ok else '❌'}" for gb, ok in result.fits.items())
+    fits = " · ".join(f"{gb} GB: {'fits ✅' if ok else 'does not fit ❌'}" for gb, ok in result.fits.items())
     training = (f"LoRA r={request.lora_rank}" + (" on a 4-bit base (QLoRA)" if request.qlora else "")
                 if request.lora_rank else "full fine-tune")
     memory = device.memory
@@ -30,7 +31,7 @@ def summary_markdown(result: Plan) -> str:
         f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** of live tensors at `{device.peak_moment}` "
         f"(max_memory_allocated); {memory.reserved.bytes / GIB:,.1f} GiB reserved by PyTorch's caching allocator "
         f"(max_memory_reserved); **{memory.device_used.bytes / GIB:,.1f} GiB used on the card** as nvidia-smi "
-        f"shows it (+ CUDA context). Fits: {fits}.",
+        f"shows it (+ CUDA context). Per card size: {fits}.",
         f"Fits and the largest sizes are decided on the card's used memory plus a margin of "
         f"{memory.margin_bytes / GIB:,.1f} GiB. {fit_words[:1].upper()}{fit_words[1:]}.",
     ]
@@ -46,44 +47,56 @@ def _gpu_lines(axes) -> None:
             axes.text(axes.get_xlim()[1], gb, f" {gb} GB", color=color, va="center", ha="left", fontsize=8)
 
 
+def _live_stack(axes, position: int, device: DeviceEstimate) -> float:
+    """What is alive at the estimate's peak stacked by category at `position`, and the card's use as a black mark over
+    it (what the fit is decided on); the taller of the two, in GiB."""
+    bottom = 0.0
+    for category in CATEGORIES:
+        value = device.live_by_moment[device.peak_moment].get(category, 0) / GIB
+        axes.bar(position, value, bottom=bottom, color=MEMORY_CATEGORY_COLORS[category], edgecolor="white",
+                 linewidth=0.5, width=0.55)
+        bottom += value
+    used = device.memory.device_used.bytes / GIB
+    axes.hlines(used, position - 0.3, position + 0.3, colors="black", linewidth=1.5)
+    return max(bottom, used)
+
+
+def _peak_labels(device: DeviceEstimate, chosen: bool) -> list[BarLabel]:
+    """Over a bar, from the bottom up: the card's use (the black mark), then the live tensors at their peak moment;
+    bold for the layout asked."""
+    live = sum(device.live_by_moment[device.peak_moment].values()) / GIB
+    return [BarLabel((f"{device.memory.device_used.bytes / GIB:,.1f} GiB on the card",), bold=chosen),
+            BarLabel((f"{live:,.1f} GiB live at {device.peak_moment}",), bold=chosen, max_lines=3)]
+
+
 def bars_figure(padded: DeviceEstimate, packed: DeviceEstimate, chosen_packed: bool,
-                width_in: float = RESULT_WIDTH_IN) -> Figure:
+                width_in: float = RESULT_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
     """What is alive at each estimate's peak, stacked by category, with the common GPU sizes drawn across."""
-    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.6), dpi=dpi, layout="constrained")
     axes = figure.add_subplot()
-    tallest = 0.0
-    for position, (label, device) in enumerate((("padded", padded), ("packed", packed))):
-        live = device.live_by_moment[device.peak_moment]
-        bottom = 0.0
-        for category in CATEGORIES:
-            value = live.get(category, 0) / GIB
-            axes.bar(position, value, bottom=bottom, color=MEMORY_CATEGORY_COLORS[category], edgecolor="white",
-                     linewidth=0.5, width=0.55)
-            bottom += value
-        chosen = (label == "packed") == chosen_packed
-        used = device.memory.device_used.bytes / GIB  # what the fit is decided on: a mark above the live stack
-        axes.hlines(used, position - 0.3, position + 0.3, colors="black", linewidth=1.5)
-        axes.text(position, max(used, bottom), f"{bottom:,.1f} GiB live at {device.peak_moment}\n"
-                  f"{used:,.1f} GiB on the card", ha="center", va="bottom", fontsize=8,
-                  fontweight="bold" if chosen else "normal")
-        tallest = max(tallest, bottom, used)
+    tops = [_live_stack(axes, position, device) for position, device in enumerate((padded, packed))]
     axes.set_xticks([0, 1], ["padded", "packed (padding-free)"])
     axes.set_xlim(-0.6, 1.6)
-    # Room for the 24 GB line once a plan is a quarter of it; a toy model's bars would vanish under it.
-    axes.set_ylim(0, max(tallest * 1.3, 26.5 if tallest > 6 else 1.0))
-    _gpu_lines(axes)
     axes.set_ylabel("GiB per device at the peak of a step")
-    axes.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES if c != "context"],
-                fontsize=7, ncols=3, loc="upper left")  # the context is not a tensor: it is in the black mark
+    # Under the axes, where it covers no bar; the context is not a tensor: it is in the black mark.
+    figure.legend(handles=[Patch(color=MEMORY_CATEGORY_COLORS[c], label=c) for c in CATEGORIES if c != "context"],
+                  fontsize=7, ncols=3, loc="outside lower center", frameon=False)
     axes.set_title(wrap_lines("Will it fit? Memory alive at the peak, per category\n(black mark: used on the card, "
                               "with allocator cache and CUDA context; dashed: common GPU sizes)",
                               int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
+    [(unit_pt, height_pt)] = axes_sizes_pt(figure)
+    stacks = [(top, stack_labels(axes, position, top, _peak_labels(device, (position == 1) == chosen_packed),
+                                 unit_pt - 4))
+              for position, (top, device) in enumerate(zip(tops, (padded, packed)))]
+    # Room for the 24 GB line once a plan is a quarter of it; a toy model's bars would vanish under it.
+    axes.set_ylim(0, max(top_for(stacks, height_pt), 26.5 if max(tops) > 6 else 0.0))
+    _gpu_lines(axes)
     return figure
 
 
-def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN) -> Figure:
+def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
     """Peak per device against the sequence length, padded and packed, at the request's batch size."""
-    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.6), dpi=dpi, layout="constrained")
     axes = figure.add_subplot()
     lengths = [row["seq_length"] for row in result.scaling]
     for key, label, style, color in (("padded_bytes", "padded", "-", "#8c8c8c"),

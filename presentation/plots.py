@@ -9,29 +9,44 @@ batch picture, has a module of its own (`batch_picture`).
 - `throughput_figure(document)`, `loss_figure(document)`, `memory_figure(document)`: the results of a run.
 - `anatomy_figure(document)`: where the profiled steps' time went (their median), per collator, by phase and by
   operation.
+
+Labels over bars (`BarLabel`, `stack_labels`) are fitted to their bar's share of the width once the figure is laid
+out (`axes_sizes_pt`), and the y axis ends where the tallest bar's labels do (`top_for`): no text is drawn over
+another, from a phone's width to a desktop's. The planner's figures (`plan_views`) label their bars the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.textpath import text_to_path
 
 from demo_core.anatomy import backward_over_forward
 from demo_core.collators import BASELINE, collator_spec
+
+from .report import human_bytes
 
 # Each collator's colour and line style come from its registry entry (the same in every figure); the line styles
 # differ so that identical curves (padded and flatten losses) stay visible on top of each other.
 MB = 1e6  # memory is shown in MB (10^6 bytes), as the tables do
 MEMORY_CATEGORY_COLORS = {"weights": "#4e79a7", "gradients": "#59a14f", "optimizer": "#e15759",
-                          "activations": "#b07aa1", "temporary": "#edc948", "context": "#76b7b2"}
-FIGURE_DPI = 80  # about the width the page gives a figure; more pixels only cost encoding time
+                          "activations": "#b07aa1", "temporary": "#edc948", "context": "#76b7b2",
+                          # a CUDA peak's bytes beyond weights and optimizer state, which the allocator does not split
+                          "other": "#bab0ac"}
+# CSS pixels per inch a figure is shown at: the page asks for a figure `width_in` = its CSS width / FIGURE_DPI and
+# draws it at FIGURE_DPI x the screen's device pixels per CSS pixel (`dpi`, serving.page.Screen), sharp on a phone.
+FIGURE_DPI = 80
 # Widths of the figures shown beside another on a desktop page; a phone asks for narrower ones.
 LENGTHS_WIDTH_IN, RESULT_WIDTH_IN = 7.5, 6.5
 ANATOMY_WIDTH_IN = 9.5  # two panels side by side
 TITLE_CHARS_PER_IN = 10  # characters per inch of width of a centred title at 10 pt
+Y_AXIS_IN = 0.9  # the y axis' label and tick labels, left of the axes
 
 
 def wrap_lines(text: str, width: int) -> str:
@@ -39,9 +54,10 @@ def wrap_lines(text: str, width: int) -> str:
     return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
-def _text_figure(message: str, width_in: float = 7.0, height_in: float = 3.0) -> Figure:
+def _text_figure(message: str, width_in: float = 7.0, height_in: float = 3.0, *,
+                 dpi: float = FIGURE_DPI) -> Figure:
     """A figure that says why there is nothing to draw, instead of an empty frame."""
-    figure = Figure(figsize=(width_in, height_in), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout="constrained")
     axes = figure.add_subplot()
     axes.axis("off")
     axes.text(0.5, 0.5, message, ha="center", va="center", wrap=True, fontsize=11, color="#444444")
@@ -53,10 +69,10 @@ def _text_figure(message: str, width_in: float = 7.0, height_in: float = 3.0) ->
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lengths_figure(preview: dict, width_in: float = LENGTHS_WIDTH_IN) -> Figure:
+def lengths_figure(preview: dict, width_in: float = LENGTHS_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
     lengths = np.asarray(preview["lengths"])
     stats = preview["dataset_stats"]
-    figure = Figure(figsize=(width_in, 4.2), dpi=FIGURE_DPI, layout="constrained")
+    figure = Figure(figsize=(width_in, 4.2), dpi=dpi, layout="constrained")
     axes = figure.add_subplot()
     axes.hist(lengths, bins=min(50, max(10, len(lengths) // 5)), color="#4e79a7", alpha=0.85)
     for name, value, style in (("mean", stats["mean"], "-"), ("p50", stats["p50"], "--"),
@@ -81,85 +97,209 @@ def lengths_figure(preview: dict, width_in: float = LENGTHS_WIDTH_IN) -> Figure:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _text_width_pt(text: str, fontsize: float, bold: bool) -> float:
+    """How wide a line is drawn, in points, measured on the font itself (the figure need not be drawn yet)."""
+    font = FontProperties(size=fontsize, weight="bold" if bold else "normal")
+    return text_to_path.get_text_width_height_descent(text, font, ismath=False)[0]
+
+
 def _title(axes, text: str, width_in: float, fontsize: float) -> None:
     """A title wrapped to the figure's width (the texts are written for a desktop's)."""
     axes.set_title(wrap_lines(text, int(width_in * TITLE_CHARS_PER_IN * 10 / fontsize)), fontsize=fontsize)
-
-
-def _roomy(width_in: float, bars: int, label_in: float) -> bool:
-    """Whether each collator's bars have room for a label `label_in` wide (a phone with seven collators has not)."""
-    return width_in * 0.8 / bars >= label_in
 
 
 def _result_label(result: dict) -> str:
     return result["collator"] + ("\n(partial)" if result.get("partial") else "")
 
 
-def _collator_ticks(axes, positions: list[float], labels: list[str]) -> None:
-    """Collator names under their bars; slanted once there are more than a figure's width holds side by side."""
-    slanted = len(labels) > 4
-    axes.set_xticks(positions, labels, fontsize=8.5 if slanted else 10, rotation=30 if slanted else 0,
-                    ha="right" if slanted else "center", rotation_mode="anchor")
+def _collator_ticks(axes, labels: list[str], axes_in: float) -> None:
+    """Collator names under their bars, slanted once they are wider than a bar's share of `axes_in` (the axes' width,
+    about: the figure's or panel's less the y axis); a slanted name is one line (two would lean on the next)."""
+    share_pt = axes_in * 72 / (len(labels) + 0.2) - 4  # matplotlib pads the bars' span by 0.1 bar each side
+    slanted = any(_text_width_pt(line, 10, False) > share_pt for label in labels for line in label.split("\n"))
+    axes.set_xticks(range(len(labels)), [label.replace("\n", " ") for label in labels] if slanted else labels,
+                    fontsize=8.5 if slanted else 10, rotation=30 if slanted else 0, ha="right" if slanted else "center",
+                    rotation_mode="anchor")
 
 
-def throughput_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
-    """Median real tokens/s per collator with the middle half of its steps as a whisker; the slots ideal as a line
-    and each collator's work ideal as a short dotted mark over its bar."""
-    results = document["results"]
-    if not results:
-        return _text_figure("No collator has finished yet.", width_in)
-    comparison = document["comparison"]
-    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
-    axes = figure.add_subplot()
+# ---- labels over bars: each fits its bar's share of the width, and the y axis leaves room for them -------------
+
+LABEL_GAP_PT = 2.0  # between a bar (or its whisker) and its first label, and between stacked labels
+LINE_HEIGHT = 1.25  # a text line's height in font sizes: matplotlib spaces lines by 1.2, the last has its descent
+LABEL_PAD_PT = 1.0  # the white box behind a label, which hides the lines drawn across
+
+
+@dataclasses.dataclass(frozen=True)
+class BarLabel:
+    """A text over a bar in the forms it may take, most complete first. The first that fits the bar's share of the
+    width in `max_lines` lines is drawn; when none does, the last (or, when `optional`, nothing: the tables have
+    every number, an overprinted label helps no one)."""
+
+    forms: tuple[str, ...]
+    fontsize: float = 8.0
+    bold: bool = False
+    color: str = "black"
+    max_lines: int = 2
+    optional: bool = False
+
+
+def _break_words(text: str, width_pt: float, fontsize: float, bold: bool) -> list[str]:
+    """`text` broken at its spaces into lines no wider than `width_pt`, a word wider than that on a line of its own."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and _text_width_pt(f"{lines[-1]} {word}", fontsize, bold) <= width_pt:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def _fitted(label: BarLabel, width_pt: float) -> list[str] | None:
+    """The lines of the first form of `label` that fits `width_pt` (see BarLabel), None when it is left out."""
+    for form in label.forms:
+        lines = _break_words(form, width_pt, label.fontsize, label.bold)
+        if len(lines) <= label.max_lines and all(_text_width_pt(line, label.fontsize, label.bold) <= width_pt
+                                                 for line in lines):
+            return lines
+    return None if label.optional else _break_words(label.forms[-1], width_pt, label.fontsize, label.bold)
+
+
+def axes_sizes_pt(figure: Figure) -> list[tuple[float, float]]:
+    """Each axes' width per x unit (one bar's share) and height, in points, once the figure is laid out: labels are
+    fitted to them. Constrained layout runs on demand as a draw runs it; the labels added after it lie inside the
+    axes, so the draw lays the figure out the same again."""
+    figure.get_layout_engine().execute(figure)
+    points_per_px = 72 / figure.dpi
+    return [(axes.bbox.width * points_per_px / (axes.get_xlim()[1] - axes.get_xlim()[0]),
+             axes.bbox.height * points_per_px) for axes in figure.axes]
+
+
+def stack_labels(axes, x: float, y: float, labels: list[BarLabel], width_pt: float) -> float:
+    """`labels` stacked upwards from the data point (x, y), each fitted to `width_pt`; the points they take."""
+    offset = LABEL_GAP_PT
+    for label in labels:
+        lines = _fitted(label, width_pt)
+        if lines is None:
+            continue
+        axes.annotate("\n".join(lines), (x, y), xytext=(0, offset), textcoords="offset points", ha="center",
+                      va="bottom", fontsize=label.fontsize, fontweight="bold" if label.bold else "normal",
+                      color=label.color, bbox={"facecolor": "white", "edgecolor": "none", "pad": LABEL_PAD_PT})
+        offset += len(lines) * label.fontsize * LINE_HEIGHT + 2 * LABEL_PAD_PT + LABEL_GAP_PT
+    return offset
+
+
+def top_for(stacks: list[tuple[float, float]], height_pt: float, floor: float = 0.0) -> float:
+    """The y axis' top that fits every (bar top, points of labels over it) and `floor` (a line drawn across): the
+    data plus the label room it needs, no more."""
+    # A label stack over half the axes' height would leave the bars no room: the figure is then too small for them.
+    tops = [top / (1 - min(0.5, room / height_pt)) for top, room in stacks]
+    return max([floor, *tops]) or 1.0
+
+
+# ---- throughput, loss and memory ---------------------------------------------------------------------------------
+
+
+def _throughput_bars(axes, results: list[dict]) -> tuple[list, list[list[float]]]:
+    """Median real tokens/s per collator with the middle half of its steps as a whisker (no timed step yet: 0); the
+    bars and each one's whisker (low, high)."""
     names = [result["collator"] for result in results]
-    rates = [result["tokens_per_s"] or 0.0 for result in results]  # None: no timed step yet
+    rates = [result["tokens_per_s"] or 0.0 for result in results]
     ranges = [result.get("tokens_per_s_range") or [rate, rate] for result, rate in zip(results, rates)]
     bars = axes.bar(range(len(results)), rates, color=[collator_spec(n).color for n in names],
                     hatch=["//" if r.get("partial") else "" for r in results], edgecolor="white",
                     yerr=np.array([[rate - low for rate, (low, _) in zip(rates, ranges)],
                                    [high - rate for rate, (_, high) in zip(rates, ranges)]]), ecolor="#555555",
                     capsize=4)
+    return list(bars), ranges
+
+
+def _speedup_labels(result: dict, entry: dict, fontsize: float) -> list[BarLabel]:
+    """Over a bar: its speedup over padded (bold), then its work ideal, which is left out first when narrow."""
+    speedup, work = entry["speedup_vs_padded"], entry.get("work_ideal_speedup")
+    warning = " ⚠" if entry.get("flags") else ""
+    if result["tokens_per_s"] is None:
+        main = BarLabel(("no timed step",), fontsize, max_lines=3)
+    else:
+        main = BarLabel((f"{result['tokens_per_s']:,.0f} tok/s{warning}",) if speedup is None
+                        else (f"{speedup:.2f}×{warning}", f"{speedup:.1f}×{warning}"), fontsize, bold=True)
+    if result["collator"] == BASELINE or work is None:
+        return [main]
+    return [main, BarLabel((f"work ideal {work:.2f}×",), 8, color="#333333", optional=True)]
+
+
+def _samples_inside(axes, bars: list, results: list[dict], unit_pt: float, height_pt: float) -> None:
+    """Each bar's samples/s written inside it, white, where the bar is wide and tall enough (else the results table
+    has them)."""
+    points_per_unit = height_pt / axes.get_ylim()[1]
+    for bar, result in zip(bars, results):
+        if result["samples_per_s"] is None:
+            continue
+        text = f"{result['samples_per_s']:.1f}\nsamples/s"
+        wide = max(_text_width_pt(line, 8, False) for line in text.split("\n")) <= bar.get_width() * unit_pt - 4
+        if wide and bar.get_height() * points_per_unit >= 3 * 8 * LINE_HEIGHT:
+            axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2, text, ha="center", va="center",
+                      fontsize=8, color="white")
+
+
+def _ideal_lines(axes, bars: list, results: list[dict], document: dict) -> tuple[list, float, list[float]]:
+    """The slots ideal as a dashed line across and each collator's work ideal as a dotted mark over its bar, both
+    relative to padded: their legend entries, the line's height, and each bar's mark height (0: none)."""
     padded = next((r for r in results if r["collator"] == BASELINE and r["tokens_per_s"]), None)
-    roomy = _roomy(width_in, len(results), 0.8)
-    for bar, result, (_, high) in zip(bars, results, ranges):
-        entry = comparison[result["collator"]]
-        speedup, center = entry["speedup_vs_padded"], bar.get_x() + bar.get_width() / 2
-        text = ("no timed step" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:,.0f} tok/s"
-                if speedup is None else f"{speedup:.2f}×") + (" ⚠" if entry.get("flags") else "")
-        axes.text(center, high * 1.01, text, ha="center", va="bottom", fontsize=11 if roomy else 8.5, fontweight="bold",
-                  bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
-        if roomy and result["samples_per_s"] is not None:  # else the results table has them
-            axes.text(center, bar.get_height() / 2, f"{result['samples_per_s']:.1f}\nsamples/s", ha="center",
-                      va="center", fontsize=8, color="white")
-        work = entry.get("work_ideal_speedup")
-        if padded is not None and work is not None and result is not padded:
-            axes.hlines(padded["tokens_per_s"] * work, bar.get_x(), bar.get_x() + bar.get_width(), colors="black",
-                        linestyles=":", linewidth=2)
-            if roomy:  # over the bar's label, dark on white: readable whether or not the bar reaches its mark
-                axes.annotate(f"work ideal {work:.2f}×", (center, high * 1.01), xytext=(0, 17),
-                              textcoords="offset points", ha="center", va="bottom", fontsize=8, color="#333333")
-    top = max(high for _, high in ranges) or 1.0
-    if padded is not None:
-        ideal = padded["tokens_per_s"] * document["ideal_speedup"]
-        axes.axhline(ideal, color="black", linestyle="--", linewidth=1)
-        axes.text(-0.4, ideal, f"ideal {document['ideal_speedup']:.2f}× = padded × slots / real tokens",
-                  va="bottom", fontsize=8)
-        top = max(top, ideal)
-    axes.set_ylim(0, top * (1.3 if roomy else 1.18))  # room for the labels over the tallest bar
-    _collator_ticks(axes, list(range(len(results))), [_result_label(r) for r in results])
+    if padded is None:
+        return [], 0.0, [0.0] * len(results)
+    ideal = padded["tokens_per_s"] * document["ideal_speedup"]
+    axes.axhline(ideal, color="black", linestyle="--", linewidth=1)
+    marks = []
+    for bar, result in zip(bars, results):
+        work = document["comparison"][result["collator"]].get("work_ideal_speedup")
+        marks.append(padded["tokens_per_s"] * work if work is not None and result is not padded else 0.0)
+        if marks[-1]:
+            axes.hlines(marks[-1], bar.get_x(), bar.get_x() + bar.get_width(), colors="black", linestyles=":",
+                        linewidth=2)
+    handles = [Line2D([], [], color="black", linestyle="--", linewidth=1,
+                      label=f"ideal {document['ideal_speedup']:.2f}× = padded × slots / real tokens"),
+               Line2D([], [], color="black", linestyle=":", linewidth=2,
+                      label="work ideal = padded's FLOPs / its FLOPs per real token")]
+    return handles, ideal, marks
+
+
+def throughput_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
+    """Median real tokens/s per collator with the middle half of its steps as a whisker; the slots ideal as a dashed
+    line named in the legend under the axes (where no bar label can be), each collator's work ideal as a short
+    dotted mark over its bar, its labels over both."""
+    results = document["results"]
+    if not results:
+        return _text_figure("No collator has finished yet.", width_in, dpi=dpi)
+    figure = Figure(figsize=(width_in, 4.6), dpi=dpi, layout="constrained")
+    axes = figure.add_subplot()
+    bars, ranges = _throughput_bars(axes, results)
+    handles, ideal, marks = _ideal_lines(axes, bars, results, document)
+    _collator_ticks(axes, [_result_label(r) for r in results], width_in - Y_AXIS_IN)
     axes.set_ylabel("real tokens per second (padding not counted)")
+    if handles:
+        figure.legend(handles=handles, fontsize=8, loc="outside lower center", frameon=False)
     _title(axes, "Throughput on the same examples, same steps (trimmed mean of timed steps)\n(whisker: middle half "
                  "of steps; bar label: speedup over padded; ⚠: see the flags)", width_in, 10)
+    [(unit_pt, height_pt)] = axes_sizes_pt(figure)
+    fontsize = 11 if unit_pt >= 60 else 8.5
+    stacks = []
+    for bar, result, (_, high), mark in zip(bars, results, ranges, marks):
+        # Over the whisker and the dotted mark, so that the labels' white boxes hide neither.
+        labels = _speedup_labels(result, document["comparison"][result["collator"]], fontsize)
+        stacks.append((max(high, mark), stack_labels(axes, bar.get_x() + bar.get_width() / 2, max(high, mark),
+                                                      labels, unit_pt - 4)))
+    axes.set_ylim(0, top_for(stacks, height_pt, floor=ideal * 1.03))  # the dashed line clear of the frame
+    _samples_inside(axes, bars, results, unit_pt, height_pt)
     return figure
 
 
-def loss_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
+def loss_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
     results = document["results"]
     if not results:
-        return _text_figure("No collator has finished yet.", width_in)
+        return _text_figure("No collator has finished yet.", width_in, dpi=dpi)
     # The legend goes under the axes, where seven collators' names do not cover the curves.
     columns = 2 if width_in >= RESULT_WIDTH_IN else 1
-    figure = Figure(figsize=(width_in, 4.2 + 0.2 * -(-len(results) // columns)), dpi=FIGURE_DPI,
+    figure = Figure(figsize=(width_in, 4.2 + 0.2 * -(-len(results) // columns)), dpi=dpi,
                     layout="constrained")
     axes = figure.add_subplot()
     for result in results:
@@ -180,53 +320,115 @@ def loss_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
     return figure
 
 
-def _memory_error_label(memory: dict) -> str:
-    """The estimate's error over the categories that were measured, as the engine defines it: (est - meas) / meas.
-    The asterisk points at the title, which names the categories left out."""
+@dataclasses.dataclass(frozen=True)
+class MemoryBars:
+    """One collator's pair of bars: what the estimate and the measurement stack, the measured label and the
+    estimate's error."""
+
+    estimate: dict[str, int]
+    measured: dict[str, int]
+    measured_label: str
+    error_label: str  # empty when there is nothing to compare
+
+    @property
+    def top(self) -> float:
+        return max(sum(self.estimate.values()), sum(self.measured.values())) / MB
+
+    def labels(self, fontsize: float) -> list[BarLabel]:
+        """Over the pair: the measured peak (bold), then the estimate's error, left out first when narrow."""
+        error = [BarLabel((self.error_label,), fontsize, max_lines=1, optional=True)] if self.error_label else []
+        return [BarLabel((self.measured_label,), fontsize, bold=True), *error]
+
+
+def _memory_bars(memory: dict) -> MemoryBars:
+    """What was alive at each one peak (the estimate's and the measurement's), labelled with the peak the results
+    table shows (`peak_bytes` is the result's `peak_memory_bytes`)."""
+    peak, estimated = memory.get("peak_bytes"), memory.get("estimated_peak_bytes")
+    error = f"est. {(estimated - peak) / peak:+.0%}" if peak and estimated else ""
+    return MemoryBars(memory["estimated_at_peak"], memory["measured_at_peak"] if peak else {},
+                      human_bytes(peak) if peak else "not measured", error)
+
+
+def _saved_memory_bars(memory: dict) -> MemoryBars:
+    """A document saved before results had one peak: every category side by side, the measured ones summed, the
+    error over them only (the asterisk points at the title's note on the categories left out)."""
     measured = {category: value for category, value in (memory.get("measured") or {}).items() if value is not None}
-    estimate = sum(memory.get("estimate", {}).get(category, 0) for category in measured)
-    total = sum(measured.values())
-    return f"est. {(estimate - total) / total:+.0%}*" if estimate and total else ""
+    estimate, total = sum(memory["estimate"].get(category, 0) for category in measured), sum(measured.values())
+    return MemoryBars(memory["estimate"], measured, f"{total / MB:,.1f} MB",
+                      f"est. {(estimate - total) / total:+.0%}*" if estimate and total else "")
 
 
-def memory_figure(document: dict, width_in: float = RESULT_WIDTH_IN) -> Figure:
-    """Per collator a pair of stacked bars: the estimate (hatched) and the measurement (solid)."""
+def _memory_stacks(axes, pairs: list[MemoryBars]) -> set[str]:
+    """The stacked bars, estimate (hatched) left of measured (solid) at each collator's tick; the categories drawn."""
+    drawn: set[str] = set()
+    for index, pair in enumerate(pairs):
+        for offset, categories, hatch in ((-0.2, pair.estimate, "//"), (0.2, pair.measured, "")):
+            bottom = 0.0
+            for category, color in MEMORY_CATEGORY_COLORS.items():
+                value = categories.get(category) or 0
+                if value:  # a category not alive at the peak (or not measured) has no segment
+                    axes.bar(index + offset, value / MB, width=0.38, bottom=bottom, color=color, edgecolor="white",
+                             hatch=hatch, linewidth=0.5)
+                    bottom += value / MB
+                    drawn.add(category)
+    return drawn
+
+
+def _memory_words(results: list[dict], at_peak: bool) -> tuple[str, str]:
+    """The title, and the words under the collators: what the measurement is on this device."""
+    if not at_peak:
+        not_measured = sorted({category for result in results
+                               for category, value in (result["memory"].get("measured") or {}).items()
+                               if value is None})
+        note = (f"\n* error over the measured categories ({', '.join(not_measured)} not measurable here)"
+                if not_measured else "")
+        return f"Memory at a training step, per category\n(left, hatched: estimate; right, solid: measured){note}", ""
+    moments = {(result["memory"].get("estimated_peak_moment"), result["memory"].get("peak_moment"))
+               for result in results}
+    # The moments are the same for every collator of a run; were they not, the title could name none of them.
+    estimated, measured = moments.pop() if len(moments) == 1 else (None, None)
+    estimated_at, measured_at = (f" at {moment}" if moment else "" for moment in (estimated, measured))
+    kind = results[0]["memory"].get("peak_kind")
+    return (f"Memory alive at the peak of a training step, per category\n(left, hatched: estimate{estimated_at}; "
+            f"right, solid: measured{measured_at}; label: the measured peak)",
+            f"measured: {_what_it_is(kind)}" if kind else "")
+
+
+def _what_it_is(peak_kind: str) -> str:
+    """A peak kind's first words, what the measured bar is ("sum of live tensor sizes at the end of the forward",
+    "allocator peak"); the rest of memory_measure.PEAK_KINDS' sentence is in the headline under the run's numbers."""
+    return peak_kind.split(" (")[0].split(": ")[0]
+
+
+def memory_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
+    """Per collator a pair of stacked bars, the estimate (hatched) and the measurement (solid), each what was alive at
+    its peak, labelled with the measured peak, the number the results table shows."""
     results = [result for result in document["results"] if (result.get("memory") or {}).get("estimate")]
     if not results:
         return _text_figure("Memory breakdown: not available for this run.\n"
-                            "(The engine returned no per-category memory numbers.)", width_in, 4.6)
-    figure = Figure(figsize=(width_in, 4.6), dpi=FIGURE_DPI, layout="constrained")
+                            "(The engine returned no per-category memory numbers.)", width_in, 4.6, dpi=dpi)
+    at_peak = all("measured_at_peak" in result["memory"] for result in results)
+    pairs = [(_memory_bars if at_peak else _saved_memory_bars)(result["memory"]) for result in results]
+    title, words = _memory_words(results, at_peak)
+    words = wrap_lines(words, int(width_in * TITLE_CHARS_PER_IN * 10 / 8))
+    figure = Figure(figsize=(width_in, 4.6 + 0.15 * (words.count("\n") + 1) * bool(words)), dpi=dpi,
+                    layout="constrained")
     axes = figure.add_subplot()
-    not_measured: set[str] = set()
-    roomy = _roomy(width_in, len(results), 0.6)
-    for index, result in enumerate(results):
-        memory = result["memory"]
-        top = 0.0
-        for offset, categories, is_estimate in ((-0.2, memory["estimate"], True), (0.2, memory.get("measured"), False)):
-            bottom = 0.0
-            for category, color in MEMORY_CATEGORY_COLORS.items():
-                value = (categories or {}).get(category)
-                if value is None:
-                    not_measured.add(category)
-                    continue
-                axes.bar(index + offset, value / MB, width=0.38, bottom=bottom, color=color, edgecolor="white",
-                         hatch="//" if is_estimate else "", linewidth=0.5)
-                bottom += value / MB
-            top = max(top, bottom)
-        measured_total = sum(v for v in (memory.get("measured") or {}).values() if v is not None) / MB
-        axes.text(index, top, f"{measured_total:,.{1 if roomy else 0}f} MB\n{_memory_error_label(memory)}",
-                  ha="center", va="bottom", fontsize=8 if roomy else 7)
-    _collator_ticks(axes, list(range(len(results))), [_result_label(result) for result in results])
+    drawn = _memory_stacks(axes, pairs)
+    _collator_ticks(axes, [_result_label(result) for result in results], width_in - Y_AXIS_IN)
+    axes.set_xlabel(words, fontsize=8)
     axes.set_ylabel("MB at the peak of a step")
-    handles = [Patch(color=color, label=category) for category, color in MEMORY_CATEGORY_COLORS.items()]
+    handles = [Patch(color=color, label=category) for category, color in MEMORY_CATEGORY_COLORS.items()
+               if category in drawn]
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (left bar)"))
-    figure.legend(handles=handles, fontsize=7.5, ncols=4 if width_in >= RESULT_WIDTH_IN else 2,
+    figure.legend(handles=handles, fontsize=7.5, ncols=4 if width_in >= RESULT_WIDTH_IN else 3 if width_in >= 4 else 2,
                   loc="outside lower center", frameon=False)
-    note = (f"\n* error over the measured categories ({', '.join(sorted(not_measured))} not measurable here)"
-            if not_measured else "")
-    _title(axes, f"Memory at the peak of a training step, per category\n"
-                 f"(left, hatched: estimate; right, solid: measured){note}", width_in, 9.5)
-    axes.set_ylim(0, axes.get_ylim()[1] * 1.12)  # room for the labels above the tallest bar
+    _title(axes, title, width_in, 9.5)
+    [(unit_pt, height_pt)] = axes_sizes_pt(figure)
+    fontsize = 8 if unit_pt >= 60 else 7
+    stacks = [(pair.top, stack_labels(axes, index, pair.top, pair.labels(fontsize), unit_pt - 4))
+              for index, pair in enumerate(pairs)]
+    axes.set_ylim(0, top_for(stacks, height_pt))
     return figure
 
 
@@ -237,33 +439,63 @@ OP_COLORS = {"matmul": "#4e79a7", "normalization": "#59a14f", "elementwise": "#e
              "optimizer": "#e15759", "data": "#76b7b2", "other": "#bab0ac"}
 
 
-def anatomy_figure(document: dict, width_in: float = ANATOMY_WIDTH_IN) -> Figure:
+# Each panel's part of an anatomy (anatomy.py): its colours and its title.
+ANATOMY_PANELS = {"phases": (PHASE_COLORS, "by phase (over each bar: bwd/fwd, backward time / forward time)"),
+                  "ops": (OP_COLORS, "by operation (over each bar: the step's time)")}
+ANATOMY_PANEL_MIN_IN = 4.5  # narrower, seven collators' bars leave no room for their labels: one panel above the other
+
+
+def _anatomy_label(anatomy: dict, part: str) -> BarLabel:
+    """Over a bar: backward / forward on the phase panel (the number alone when narrow), the step's time on the
+    other."""
+    ratio = backward_over_forward(anatomy)
+    if part == "phases" and ratio is not None:
+        return BarLabel((f"bwd/fwd {ratio:.1f}×", f"{ratio:.1f}×"), max_lines=1)
+    return BarLabel((f"{anatomy['step_s'] * 1000:.0f} ms",))
+
+
+def _anatomy_panel(panel, profiled: list[dict], part: str, title: str, panel_in: float):
+    """One panel's axes, `panel_in` wide: each collator's median profiled step stacked by `part`, its legend under the
+    panel, where it covers no bar."""
+    axes = panel.add_subplot()
+    for position, result in enumerate(profiled):
+        bottom = 0.0
+        for name, color in ANATOMY_PANELS[part][0].items():
+            milliseconds = result["time_anatomy"][part][name] * 1000
+            axes.bar(position, milliseconds, bottom=bottom, color=color, edgecolor="white", linewidth=0.5,
+                     label=name if position == 0 else None)
+            bottom += milliseconds
+    _collator_ticks(axes, [_result_label(r) for r in profiled], panel_in - Y_AXIS_IN)
+    panel.legend(fontsize=7, ncols=max(2, int(panel_in / 1.2)), loc="outside lower center", frameon=False)
+    axes.set_title(wrap_lines(title, int(panel_in * TITLE_CHARS_PER_IN * 10 / 9)), fontsize=9)
+    axes.set_ylabel("ms in the median profiled step")
+    return axes
+
+
+def anatomy_figure(document: dict, width_in: float = ANATOMY_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
     """Stacked bars of the median profiled step per collator: by phase (with backward / forward) and by operation
-    class, side by side on a desktop, one above the other on a phone."""
+    class, side by side on a wide page, one above the other on a narrower one, on one scale (the same steps)."""
     profiled = [result for result in document["results"] if result.get("time_anatomy")]
     if not profiled:
         return _text_figure("Time anatomy: no step was profiled yet\n(step 2 of each burst is the first profiled one).",
-                            min(width_in, RESULT_WIDTH_IN), 4.6)
-    side_by_side = width_in >= RESULT_WIDTH_IN
-    figure = Figure(figsize=(width_in, 4.6 if side_by_side else 8.4), dpi=FIGURE_DPI, layout="constrained")
-    panels = figure.subplots(1, 2, sharey=True) if side_by_side else figure.subplots(2, 1)
-    for axes, part, colors in zip(panels, ("phases", "ops"), (PHASE_COLORS, OP_COLORS)):
-        for position, result in enumerate(profiled):
-            anatomy, bottom = result["time_anatomy"], 0.0
-            for name, color in colors.items():
-                milliseconds = anatomy[part][name] * 1000
-                axes.bar(position, milliseconds, bottom=bottom, color=color, edgecolor="white", linewidth=0.5,
-                         label=name if position == 0 else None)
-                bottom += milliseconds
-            ratio = backward_over_forward(anatomy)
-            label = (f"bwd/fwd {ratio:.1f}×" if part == "phases" and ratio is not None
-                     else f"{anatomy['step_s'] * 1000:.0f} ms")
-            axes.text(position, bottom, label, ha="center", va="bottom", fontsize=8)
-        _collator_ticks(axes, list(range(len(profiled))), [_result_label(r) for r in profiled])
-        axes.legend(fontsize=7, loc="upper right")
-        axes.set_title("by phase" if part == "phases" else "by operation", fontsize=10)
-        axes.set_ylabel("ms in the median profiled step")
-        axes.set_ylim(0, axes.get_ylim()[1] * 1.3)  # room for the legend above the tallest bar
+                            min(width_in, RESULT_WIDTH_IN), 4.6, dpi=dpi)
+    side_by_side = width_in >= 2 * ANATOMY_PANEL_MIN_IN
+    figure = Figure(figsize=(width_in, 5.0 if side_by_side else 9.0), dpi=dpi, layout="constrained")
+    # A panel each (subfigures), so that each legend goes under its own panel: their colours mean different things.
+    panels = figure.subfigures(1, 2) if side_by_side else figure.subfigures(2, 1)
+    panel_in = width_in / 2 if side_by_side else width_in
+    parts = [(part, _anatomy_panel(panel, profiled, part, title, panel_in))
+             for panel, (part, (_, title)) in zip(panels, ANATOMY_PANELS.items())]
     figure.suptitle(wrap_lines("Where one training step's time goes (torch.profiler; the profiler slows the step, "
                                "compare shares)", int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
+    tops = []
+    for (part, axes), (unit_pt, height_pt) in zip(parts, axes_sizes_pt(figure)):
+        stacks = []
+        for position, result in enumerate(profiled):
+            total = sum(result["time_anatomy"][part].values()) * 1000
+            label = _anatomy_label(result["time_anatomy"], part)
+            stacks.append((total, stack_labels(axes, position, total, [label], unit_pt - 4)))
+        tops.append(top_for(stacks, height_pt))
+    for _, axes in parts:
+        axes.set_ylim(0, max(tops))
     return figure

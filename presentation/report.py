@@ -2,8 +2,6 @@
 
 - `RESULT_COLUMNS`: one column per number of the results table (page table, CSV and the CLI's table), the key ones
   first (a phone shows the first few without scrolling);
-- `headline`: one line per collator, its numbers next to why they look that way (the registry's `why`), and the
-  attention path's;
 - `contamination_title`: what the contamination table checks, or why it is empty;
 - `FLAG_WORDS`: what each comparison flag means, for the page's table, the headline and the CLI;
 - `anatomy_rows` / `anatomy_markdown`: where the profiled steps' time went (their median), why the speedup misses its
@@ -89,13 +87,14 @@ RESULT_HEADERS = [column.header for column in RESULT_COLUMNS]
 CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", "naive-concat max |Δlogit| vs alone"]
 
 
-def _rows(document: dict):
+def result_entries(document: dict):
+    """(result, its comparison entry) per collator of the run, in run order."""
     for result in document["results"]:
         yield result, document["comparison"][result["collator"]]
 
 
 def results_table(document: dict) -> list[list[str]]:
-    return [[column.show(result, entry) for column in RESULT_COLUMNS] for result, entry in _rows(document)]
+    return [[column.show(result, entry) for column in RESULT_COLUMNS] for result, entry in result_entries(document)]
 
 
 def results_csv(document: dict) -> str:
@@ -103,7 +102,8 @@ def results_csv(document: dict) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow([column.csv_header or column.header for column in RESULT_COLUMNS])
-    writer.writerows([column.value(result, entry) for column in RESULT_COLUMNS] for result, entry in _rows(document))
+    writer.writerows([column.value(result, entry) for column in RESULT_COLUMNS]
+                     for result, entry in result_entries(document))
     return buffer.getvalue()
 
 
@@ -141,64 +141,6 @@ def best_speedup(document: dict) -> float | None:
                 if name != BASELINE and name in COLLATORS and COLLATORS[name].loss_parity
                 and entry["speedup_vs_padded"] is not None]
     return max(speedups) if speedups else None
-
-
-def collator_key(name: str) -> str:
-    """A swatch in the collator's plot colour, so that its line of text points at its bar and its curve."""
-    return f'<span class="collator-key" style="background:{collator_spec(name).color}"></span>'
-
-
-def _speedup_sentence(entry: dict) -> str:
-    low, high = entry["speedup_range"]
-    work = entry.get("work_ideal_speedup")
-    work_text = "" if work is None else f", {work:.2f}× by work (attention per example does not shrink)"
-    return (f"{entry['speedup_vs_padded']:.2f}× the padded throughput (middle half of steps {low:.2f}–{high:.2f}×) "
-            f"of an ideal {entry['ideal_speedup']:.2f}× by slots{work_text}")
-
-
-def _numbers(result: dict, entry: dict) -> str:
-    """The collator's numbers in words, its flags last (each with ⚠)."""
-    warnings = "".join(f" ⚠ {words}." for words in flags_in_words(entry))
-    rate = ("no timed step" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:,.0f} real tokens/s")
-    if result["collator"] == BASELINE:
-        return f"{rate}, the baseline.{warnings}"
-    if entry["speedup_vs_padded"] is None:
-        return f"{rate}, no speedup.{warnings}"
-    difference = entry["max_abs_loss_diff_vs_padded"]
-    loss = ("loss identical to padded" if difference is not None and difference < 1e-4
-            else f"loss differs from padded by up to {difference:.2f}")
-    return f"{_speedup_sentence(entry)}, {loss}.{warnings}"
-
-
-def collator_lines(document: dict, attention_why: str | None = None) -> list[str]:
-    """Per collator of the run, its numbers and, in italics, why they look that way; then the attention path's
-    why, when known (it comes from the preview: a saved run does not record it)."""
-    lines = [f"{collator_key(result['collator'])} **{result['collator']}**: {_numbers(result, entry)} "
-             f"*{collator_spec(result['collator']).why}*" for result, entry in _rows(document)]
-    if attention_why:
-        lines.append(f"**{document['config'].get('resolved_attention')} attention**: *{attention_why}*")
-    return lines
-
-
-def headline(document: dict, seconds: float | None = None, attention_why: str | None = None) -> str:
-    """The run in a few lines (markdown): done or stopped, each collator's numbers and why, and what is missing."""
-    lines = collator_lines(document, attention_why)
-    compared = [name for name, entry in document["comparison"].items()
-                if name != BASELINE and entry["speedup_vs_padded"] is not None]
-    selected = document["config"].get("collators", [])
-    finished = [result["collator"] for result in document["results"]]
-    if not compared and document.get("partial"):
-        missing = [name for name in selected if name not in finished]
-        lines.append(f"Stopped before {', '.join(missing) or 'the end'} finished: no speedup to compare yet.")
-    elif not compared:
-        lines.append(f"Add `{BASELINE}` and a packing collator to see a speedup.")
-    if document.get("stop_reason") not in (None, "stop", "time budget"):
-        lines.append(f"Ended early: {document['stop_reason']}.")
-    if contamination_skipped(document):
-        lines.append(f"The contamination check was skipped: {contamination_skipped(document)}.")
-    status = "Stopped: partial results" if document.get("partial") else "Done"
-    timing = f" in {seconds:.1f} s" if seconds is not None else ""
-    return f"### {status}{timing}\n" + "\n".join(f"- {line}" for line in lines)
 
 
 # ---- time anatomy -----------------------------------------------------------------------------------------------
@@ -331,11 +273,40 @@ def history_row(summary: dict) -> list:
 
 # ---- before training ---------------------------------------------------------------------------------------------
 
+def human_seconds(seconds: float) -> str:
+    """A duration as people say it: 12.4 -> "12 s", 250 -> "4.2 min", 90330 -> "25.1 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+PREDICTION_BASIS = {"history": "from earlier runs of this model here",
+                    "parameters": "from the parameter count, on the slow side"}
+
+
+def forecast_rows(preview: dict) -> str:
+    """The cost table's rows for what Run will cost: its predicted time (duration.predicted) and peak memory against
+    what this machine has (memory_guard), each with a warning when it is long or does not fit."""
+    rows = []
+    predicted, memory = preview.get("predicted"), preview.get("memory_guard")
+    if predicted:
+        warning = (f" ⚠ long: more than {human_seconds(predicted['long_after_s'])}; fewer steps, collators or a "
+                   "smaller model finish sooner" if predicted["long"] else "")
+        rows.append(f"| predicted time of the run, {PREDICTION_BASIS[predicted['basis']]} | "
+                    f"**about {human_seconds(predicted['duration_s'])}**{warning} |")
+    if memory and memory.get("available_bytes"):
+        verdict = ("fits" if memory["fits"] else "⚠ does not fit: Run would be refused and say what fits")
+        rows.append(f"| predicted peak memory of the run, {memory['device']} | "
+                    f"**{human_bytes(memory['predicted_peak_bytes'])}** of {human_bytes(memory['available_bytes'])} "
+                    f"available: {verdict} |")
+    return "".join(f"\n{row}" for row in rows)
+
+
 def cost_markdown(preview: dict) -> str:
     cost, config = preview["cost"], preview["config"]
     notes = "".join(f"\n\n*Note: {note}*" for note in preview["dataset_stats"].get("notes", []))
-    return f"""| Before training (from the data alone) | |
-|---|---|
+    return f"""| Before training (from the data and this machine) | |
+|---|---|{forecast_rows(preview)}
 | slots that are padding, over the {config['steps']} steps | **{cost['pad_fraction']:.0%}** |
 | ideal speedup of packing (padded slots ÷ real tokens) | **{cost['ideal_speedup']:.2f}×** |
 | attention scores, first batch: varlen Σsᵢ² | {cost['attention_scores_varlen']:,} |
@@ -447,9 +418,10 @@ def format_report(document: dict) -> str:
     ]
     columns = [column for column in RESULT_COLUMNS if column.in_terminal]
     rows = [[column.header for column in columns]]
-    rows += [[column.show(result, entry) for column in columns] for result, entry in _rows(document)]
+    rows += [[column.show(result, entry) for column in columns] for result, entry in result_entries(document)]
     lines.append(text_table(rows))
-    lines += [f"  {result['collator']}: {words}" for result, entry in _rows(document) for words in flags_in_words(entry)]
+    lines += [f"  {result['collator']}: {words}" for result, entry in result_entries(document)
+              for words in flags_in_words(entry)]
     for part in ("phases", "ops"):
         anatomy = anatomy_rows(document, part)
         if len(anatomy) > 1:

@@ -59,21 +59,41 @@ FIGURE_TEXT = {
     "lengths": "Histogram of the example lengths in tokens, with mean, p50, p90 and p99 marked",
     "throughput": "Bar chart of real tokens per second per collator, each bar labelled with its speedup over padded, "
                   "a whisker for the middle half of its steps; a dashed line marks the ideal speedup by slots and a "
-                  "dotted mark over each bar its work ideal",
+                  "dotted mark over each bar its work ideal, named in the legend under the chart",
     "loss": "Training loss per optimizer step, one line per collator; correct packing overlaps the padded line",
-    "memory": "Stacked bars of memory at the peak of a training step per collator, by category (weights, "
-              "gradients, optimizer, activations, temporary), estimated (hatched) beside measured (solid)",
+    "memory": "Stacked bars per collator of the memory alive at the peak of a training step, by category (weights, "
+              "gradients, optimizer, activations, temporary; on a GPU the allocator's unsplit rest as other): the "
+              "estimate at its peak (hatched) beside the measurement at its own (solid), each pair labelled with the "
+              "measured peak the results table shows and the estimate's error; the line under the bars says what the "
+              "measurement is on this device",
     "anatomy": "Stacked bars of where the median profiled training step's time went per collator: by phase (forward, "
                "backward, optimizer, data) with the backward / forward ratio, and by operation (matmul, attention, "
                "normalization, element-wise, optimizer, data, other)",
 }
 
 
+GLANCE_MIN_PX = 300  # the narrowest each of the run's three figures is shown side by side; narrower, they wrap
+
+
 def views_column() -> SimpleNamespace:
-    """The headline, the batch before training, the results and the history (the page's right column)."""
+    """The headline with the run's three figures (the first screen after a run, on a desktop), the batch before
+    training, the results in detail and the history (the page's right column)."""
     ui = SimpleNamespace()
-    ui.summary = gr.Markdown("Press **Run**: each collator trains for a few steps and its results appear below as "
+    ui.summary = gr.Markdown("Press **Run**: each collator trains for a few steps and its results appear here as "
                              "soon as it finishes.", elem_id="headline")
+    # Hidden until a run has a result: before that the batch picture comes first. On a desktop the headline and
+    # these three fill the first screen after a run; what they show and why come after them.
+    with gr.Row(visible=False, elem_id="glance-figures") as ui.glance:
+        ui.throughput_plot = gr.Plot(label=FIGURE_TEXT["throughput"], show_label=False, elem_id="throughput-plot",
+                                     min_width=GLANCE_MIN_PX)
+        ui.memory_plot = gr.Plot(label=FIGURE_TEXT["memory"], show_label=False, elem_id="memory-plot",
+                                 min_width=GLANCE_MIN_PX)
+        ui.loss_plot = gr.Plot(label=FIGURE_TEXT["loss"], show_label=False, elem_id="loss-plot",
+                               min_width=GLANCE_MIN_PX)
+    ui.results_source = gr.Markdown(provenance.run_line(provenance.NO_RUN), elem_id="results-source",
+                                    elem_classes="shown-line")
+    with gr.Accordion("Why each collator's numbers look the way they do", open=False, elem_id="headline-details"):
+        ui.details = gr.Markdown(elem_id="details", min_height=0)
     gr.Markdown("## 1 · The batch, before any training")
     ui.batch_source = gr.Markdown(provenance.preview_line(None, provenance.NO_RUN), elem_id="batch-source",
                                   elem_classes="shown-line")
@@ -82,19 +102,11 @@ def views_column() -> SimpleNamespace:
         ui.lengths_plot = gr.Plot(label=FIGURE_TEXT["lengths"], show_label=False, elem_id="lengths-plot",
                                   min_width=340)
         ui.cost = gr.Markdown(elem_id="cost", min_height=0)
-    gr.Markdown("## 2 · Training results (same examples, same order, same initial weights)")
-    ui.results_source = gr.Markdown(provenance.run_line(provenance.NO_RUN), elem_id="results-source",
-                                    elem_classes="shown-line")
-    with gr.Row():
-        ui.throughput_plot = gr.Plot(label=FIGURE_TEXT["throughput"], show_label=False, elem_id="throughput-plot",
-                                     min_width=340)
-        ui.loss_plot = gr.Plot(label=FIGURE_TEXT["loss"], show_label=False, elem_id="loss-plot", min_width=340)
-    with gr.Row():
-        ui.memory_plot = gr.Plot(label=FIGURE_TEXT["memory"], show_label=False, elem_id="memory-plot", min_width=340)
-        ui.contamination = gr.Dataframe(headers=report.CONTAMINATION_HEADERS, interactive=False, wrap=True,
-                                        elem_id="contamination", label=report.CONTAMINATION_TITLE, min_width=340)
+    gr.Markdown("## 2 · The run in detail (same examples, same order, same initial weights)")
     ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
                               wrap=True, elem_id="results", pinned_columns=1)
+    ui.contamination = gr.Dataframe(headers=report.CONTAMINATION_HEADERS, interactive=False, wrap=True,
+                                    elem_id="contamination", label=report.CONTAMINATION_TITLE)
     # Time anatomy: the median profiled step per collator, and why the speedup misses its ideal. The figure's two panels
     # take the section's whole width (beside its words they were drawn at half size), the words follow it.
     ui.anatomy_plot = gr.Plot(label=FIGURE_TEXT["anatomy"], show_label=False, elem_id="anatomy-plot")

@@ -25,7 +25,7 @@ from presentation.plots import RESULT_WIDTH_IN
 
 from .api_docs import documented_api, settings_endpoint
 from .errors import user_errors
-from .page import WITH_PICTURE_WIDTH, figure_width_in
+from .page import WITH_SCREEN, Screen
 from .widgets import settings_form
 
 DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
@@ -69,13 +69,13 @@ def plan_api(**settings) -> dict[str, Any]:
     return plan(_request(**settings)).to_dict()
 
 
-def plan_page(*, picture_px: float | None = None, **settings) -> PlanViews:
-    """The summary and the two figures for the widgets' values, the figures drawn for the width the page shows its
-    pictures at (`picture_px`, as the run's figures)."""
+def plan_page(*, screen: Screen = Screen(), **settings) -> PlanViews:
+    """The summary and the two figures for the widgets' values, the figures drawn for the screen the page shows them
+    on (as the run's figures)."""
     chosen, padded, packed = _plan_both_layouts(_request(**settings))
-    width_in = figure_width_in(picture_px, RESULT_WIDTH_IN)
-    return PlanViews(summary_markdown(chosen), bars_figure(padded, packed, chosen.request.packed, width_in),
-                     scaling_figure(chosen, width_in))
+    width_in = screen.width_in(RESULT_WIDTH_IN)
+    bars = bars_figure(padded, packed, chosen.request.packed, width_in, dpi=screen.dpi)
+    return PlanViews(summary_markdown(chosen), bars, scaling_figure(chosen, width_in, dpi=screen.dpi))
 
 
 def _plan_both_layouts(request: PlanRequest) -> tuple[Plan, DeviceEstimate, DeviceEstimate]:
@@ -112,10 +112,10 @@ FIGURE_TEXT = {
 }
 
 
-def build_planner_section(demo: gr.Blocks, picture_px: gr.Number) -> None:
+def build_planner_section(demo: gr.Blocks, screen: gr.JSON) -> None:
     """The section's widgets (one per setting PlanRequest declares for the page) and wiring, inside the page's
     `gr.Blocks`; also registers the `/plan` endpoint (its parameters those PlanRequest declares for the API).
-    `picture_px` is the page's hidden width of its pictures, which `WITH_PICTURE_WIDTH` fills in."""
+    `screen` is the page's hidden description of the screen its figures are shown on, which `WITH_SCREEN` fills in."""
     gr.Markdown("## 4 · Will it fit? Memory of a real fine-tune, without training\n"
                 "The same estimate every run above checks against its measurement, for real model sizes: "
                 "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs.")
@@ -130,8 +130,8 @@ def build_planner_section(demo: gr.Blocks, picture_px: gr.Number) -> None:
                 curve = gr.Plot(label=FIGURE_TEXT["curve"], show_label=False, elem_id="plan-curve", min_width=340)
 
     @user_errors
-    def show_plan(*, picture_px: float | None = None, **settings) -> dict:
-        views = plan_page(picture_px=picture_px, **settings)
+    def show_plan(*, screen: dict | None = None, **settings) -> dict:
+        views = plan_page(screen=Screen.of(screen), **settings)
         return {summary: views.summary, bars: views.bars, curve: views.curve}
 
     for name, chips in form.chips.items():
@@ -140,7 +140,7 @@ def build_planner_section(demo: gr.Blocks, picture_px: gr.Number) -> None:
                        api_visibility="private")
     # No model runs and no training: it must not wait behind a training job, so it has its own group.
     gr.on([button.click, form.widgets["model"].submit], show_plan,
-          inputs_kwargs={**form.widgets, "picture_px": picture_px}, js=WITH_PICTURE_WIDTH,
+          inputs_kwargs={**form.widgets, "screen": screen}, js=WITH_SCREEN,
           outputs=[summary, bars, curve], api_visibility="private", concurrency_id="plan", concurrency_limit=4)
     documented_api(demo, settings_endpoint(user_errors(plan_api), API_DEFAULTS), "plan", "plan",
                    concurrency_id="plan", concurrency_limit=4)

@@ -1,9 +1,10 @@
 """Which settings the page's two views come from, in one line over each, so that the page shows one state at a time.
 
-Section 1 (the batch before training) follows the inputs; section 2 (training results) shows one run: the one just
-made, the one training, or one picked in the history. They can differ (the inputs change during a run, or after a
-history run is drawn), and the line over section 1 then says in which settings. The page keeps what each section
-shows in two `gr.State`s (plain dicts, made here) and redraws both lines from them whenever either changes:
+Section 1 (the batch before training) follows the inputs; the results (the headline, its figures and section 2) show
+one run: the one just made, the one training, or one picked in the history. They can differ (the inputs change during
+a run, or after a history run is drawn), and the line over section 1 then says in which settings. The page keeps
+what each section shows in two `gr.State`s (plain dicts, made here) and redraws both lines from them whenever either
+changes:
 
 - a preview: `{"settings": {...}, "inputs": {...}, "failed_inputs": {...} or None, "missing": why or None}`,
   `inputs` being the raw widget values it was drawn from, by name (a preview of the same values is not drawn again);
@@ -96,7 +97,7 @@ def preview_line(shown: dict | None, run: dict) -> str:
     if run["settings"] is not None:
         changed = differences(shown["settings"], run["settings"])
         if changed:
-            line += (f"\n\n⚠ **Not the settings of the results in section 2** ({_run_name(run)}): "
+            line += (f"\n\n⚠ **Not the settings of the results above** ({_run_name(run)}): "
                      f"{'; '.join(changed)}.")
     return line
 
@@ -124,5 +125,5 @@ def run_line(run: dict) -> str:
 
 
 def lines(shown: dict | None, run: dict) -> tuple[str, str]:
-    """(line over section 1, line over section 2)."""
+    """(line over section 1, line over the run's results under the headline)."""
     return preview_line(shown, run), run_line(run)

@@ -1,5 +1,6 @@
-"""A preview's and a run's views as the page shows them: figures drawn for the width the page shows them at (the
-browser says how wide the batch picture is: `serving.page.WITH_PICTURE_WIDTH`), tables, downloads.
+"""A preview's and a run's views as the page shows them: figures drawn for the screen they are shown on (the browser
+says how wide the views column is and how many device pixels a CSS pixel has: `serving.page.Screen`), tables,
+downloads, the headline.
 
 Each returns `{component: value}` for the views column `ui` (serving/layout.py `views_column`): a handler merges
 them into the one dict it yields, and Gradio leaves every other output as it is.
@@ -9,46 +10,68 @@ from __future__ import annotations
 
 import gradio as gr
 
-from presentation import batch_picture as picture, plots, report
+from presentation import batch_picture as picture, headline, plots, report
 
-from . import downloads, page
+from . import downloads
+from .layout import GLANCE_MIN_PX
+from .page import Screen
+
+# The run's three figures share a row under the headline (GLANCE_MIN_PX wide at least); a phone stacks them.
+GLANCE_FIGURES = 3
 
 
-def batch_picture(preview: dict, picture_px: float | None):
-    return picture.batch_figure(preview, page.figure_width_in(picture_px))
+def batch_picture(preview: dict, screen: Screen):
+    return picture.batch_figure(preview, screen.width_in(), dpi=screen.dpi)
 
 
-def lengths_views(ui, preview: dict, picture_px: float | None) -> dict:
+def lengths_views(ui, preview: dict, screen: Screen) -> dict:
     """The lengths histogram and the cost table of a preview."""
-    return {ui.lengths_plot: plots.lengths_figure(preview, page.figure_width_in(picture_px, plots.LENGTHS_WIDTH_IN)),
+    width_in = screen.width_in(plots.LENGTHS_WIDTH_IN)
+    return {ui.lengths_plot: plots.lengths_figure(preview, width_in, dpi=screen.dpi),
             ui.cost: report.cost_markdown(preview)}
 
 
-def preview_views(ui, preview: dict, picture_px: float | None) -> dict:
+def preview_views(ui, preview: dict, screen: Screen) -> dict:
     """The batch picture, the lengths histogram and the cost table of a preview."""
-    return {ui.batch_plot: batch_picture(preview, picture_px), **lengths_views(ui, preview, picture_px)}
+    return {ui.batch_plot: batch_picture(preview, screen), **lengths_views(ui, preview, screen)}
 
 
-def result_figures(ui, document: dict, picture_px: float | None) -> dict:
-    """Throughput, loss and memory of a run, finished or not."""
-    width_in = page.figure_width_in(picture_px, plots.RESULT_WIDTH_IN)
-    return {ui.throughput_plot: plots.throughput_figure(document, width_in),
-            ui.loss_plot: plots.loss_figure(document, width_in), ui.memory_plot: plots.memory_figure(document, width_in)}
+def result_figures(ui, document: dict, screen: Screen) -> dict:
+    """Throughput, memory and loss of a run, finished or not, in the row under the headline (shown from the first
+    result on)."""
+    width_in = screen.width_in(plots.RESULT_WIDTH_IN, GLANCE_FIGURES, GLANCE_MIN_PX)
+    return {ui.glance: gr.Row(visible=True),
+            ui.throughput_plot: plots.throughput_figure(document, width_in, dpi=screen.dpi),
+            ui.memory_plot: plots.memory_figure(document, width_in, dpi=screen.dpi),
+            ui.loss_plot: plots.loss_figure(document, width_in, dpi=screen.dpi)}
 
 
-def anatomy_views(ui, document: dict, picture_px: float | None) -> dict:
+def anatomy_views(ui, document: dict, screen: Screen) -> dict:
     """The time anatomy figure and its words, of a run finished or not."""
-    return {ui.anatomy_plot: plots.anatomy_figure(document, page.figure_width_in(picture_px, plots.ANATOMY_WIDTH_IN)),
-            ui.anatomy_text: report.anatomy_markdown(document)}
+    figure = plots.anatomy_figure(document, screen.width_in(plots.ANATOMY_WIDTH_IN), dpi=screen.dpi)
+    return {ui.anatomy_plot: figure, ui.anatomy_text: report.anatomy_markdown(document)}
 
 
-def result_views(ui, document: dict, name: str, picture_px: float | None) -> dict:
-    """Every result view of a finished run: its figures, tables, downloads and time anatomy."""
+def headline_views(ui, document: dict, status: str, attention_why: str | None = None) -> dict:
+    """The headline (`status`, then the big numbers) and, folded under it, why each collator's numbers look so."""
+    return {ui.summary: f"{status}\n\n{headline.numbers(document)}",
+            ui.details: headline.detail_markdown(document, attention_why)}
+
+
+def training_views(ui, document: dict, done: int, of: int, attention_why: str | None, screen: Screen) -> dict:
+    """The views after `done` of `of` collators finished: the headline so far, figures, table and time anatomy."""
+    return {**headline_views(ui, document, f"### Training: {done} of {of} collators done", attention_why),
+            **result_figures(ui, document, screen), ui.results: report.results_table(document),
+            **anatomy_views(ui, document, screen)}
+
+
+def result_views(ui, document: dict, name: str, screen: Screen) -> dict:
+    """Every result view of a finished run but its headline: its figures, tables, downloads and time anatomy."""
     json_path, csv_path = downloads.write(document, name)
-    return {**result_figures(ui, document, picture_px), ui.results: report.results_table(document),
+    return {**result_figures(ui, document, screen), ui.results: report.results_table(document),
             ui.contamination: gr.Dataframe(report.contamination_table(document),
                                            label=report.contamination_title(document)),
-            ui.json_file: json_path, ui.csv_file: csv_path, **anatomy_views(ui, document, picture_px)}
+            ui.json_file: json_path, ui.csv_file: csv_path, **anatomy_views(ui, document, screen)}
 
 
 def preview_outputs(ui) -> list:
@@ -57,13 +80,15 @@ def preview_outputs(ui) -> list:
 
 
 def result_outputs(ui) -> list:
-    """The components a run's results fill: outputs of every event that shows or clears a run."""
-    return [ui.throughput_plot, ui.loss_plot, ui.memory_plot, ui.results, ui.contamination, ui.json_file, ui.csv_file,
-            ui.anatomy_plot, ui.anatomy_text]
+    """The components a run's results fill (the headline's `summary` aside): outputs of every event that shows or
+    clears a run."""
+    return [ui.glance, ui.throughput_plot, ui.loss_plot, ui.memory_plot, ui.details, ui.results, ui.contamination,
+            ui.json_file, ui.csv_file, ui.anatomy_plot, ui.anatomy_text]
 
 
 def no_results(ui) -> dict:
     """The result views of no run: a new run empties the previous one's (it stays in the history), so that nothing
-    on the page belongs to another run."""
-    return {**dict.fromkeys(result_outputs(ui)), ui.contamination: gr.Dataframe(None, label=report.CONTAMINATION_TITLE),
-            ui.anatomy_text: ""}
+    on the page belongs to another run; the figures' row is hidden until there is something in it."""
+    return {**dict.fromkeys(result_outputs(ui)), ui.glance: gr.Row(visible=False),
+            ui.contamination: gr.Dataframe(None, label=report.CONTAMINATION_TITLE), ui.anatomy_text: "",
+            ui.details: ""}

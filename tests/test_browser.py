@@ -2,16 +2,17 @@
 size and at a phone's (390 x 844).
 
 Chooses options like a person would, runs small comparisons, and checks what a person would see: the picture and
-the numbers of the same run, Run off while it trains, a history click that puts that run's settings back, an error
-message that stays, a phone page without sideways scrolling whose Run stays in reach, every collator told apart,
-every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA). Saves screenshots and
+the numbers of the same run, speed, memory and loss of each packed collator big on the first screen with the three
+figures beside them (a desktop) or reached by Run (a phone), figures drawn for the screen's width and pixel density
+(sharp on a phone's 3 device pixels per CSS pixel), Run off while it trains, a history click that puts that run's
+settings back, an error message that stays, a phone page without sideways scrolling whose Run stays in reach, every
+collator told apart, every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA). Saves screenshots and
 timings under test-artifacts/ (copy browser-run.png to docs/screenshot.png to refresh the README's). Then uploads a
 file in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes
 the run.
 """
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -122,6 +123,24 @@ def _inputs(page) -> dict:
         collators: [...document.querySelectorAll('#collators input:checked')].map(box => box.name)})""")
 
 
+def _card_numbers(page, collator: str) -> list[str]:
+    """The big numbers of a collator's card in the headline: speed vs padded, peak memory vs padded, max |Δloss|."""
+    card = page.locator("#headline .glance-card", has_text=collator)
+    return [number.inner_text() for number in card.locator(".glance-number").all()]
+
+
+def _details(page) -> str:
+    """The folded lines under the headline, opened as a person would."""
+    page.locator("#headline-details").get_by_text("Why each collator").click()
+    page.locator("#details").wait_for(state="visible")
+    return page.locator("#details").inner_text()
+
+
+# Each figure image's device pixels per CSS pixel it is shown at (drawn for the screen's width and density).
+FIGURE_DENSITIES = """() => [...document.querySelectorAll('[data-testid=matplotlib] img')]
+  .filter(image => image.clientWidth).map(image => image.naturalWidth / image.clientWidth)"""
+
+
 def _history_row(page, run_id: str):
     return page.locator("#history").get_by_text(run_id).filter(visible=True).first
 
@@ -156,8 +175,8 @@ def browser(lab_app):
         chromium.close()
 
 
-def _tab(browser, viewport: dict):
-    tab = browser.new_page(viewport=viewport)
+def _tab(browser, viewport: dict, pixel_ratio: float = 1):
+    tab = browser.new_page(viewport=viewport, device_scale_factor=pixel_ratio)
     tab.set_default_timeout(60_000)
     return tab
 
@@ -199,10 +218,22 @@ def test_choose_run_and_read_the_speedup(page, lab_app):
     _screenshot(page, "browser-run.png", full_page=True)
     headline = page.locator("#headline").inner_text()
     assert headline.startswith("Done"), headline
-    speedup = float(re.search(r"flatten: ([\d.]+)×", headline).group(1))
     entry = lab_app.HISTORY.entries()[-1]
-    assert speedup == pytest.approx(entry.document["comparison"]["flatten"]["speedup_vs_padded"], abs=0.005)
-    assert demo_core.COLLATORS["naive-concat"].why in headline  # the reason sits next to its numbers
+    # Speed, memory and loss of each packed collator, big, as the engine measured them.
+    speedup, memory, loss = _card_numbers(page, "flatten")
+    flatten = entry.document["comparison"]["flatten"]
+    assert float(speedup.rstrip("×")) == pytest.approx(flatten["speedup_vs_padded"], abs=0.005)
+    assert memory == f"{flatten['peak_memory_vs_padded']:+.0%}".replace("-", "−")
+    assert float(loss) == pytest.approx(flatten["max_abs_loss_diff_vs_padded"], rel=0.05, abs=1e-9)
+    assert len(_card_numbers(page, "naive-concat")) == 3
+    # On a 1440 x 900 screen the numbers and the three figures are all on the first screen.
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.evaluate("() => window.scrollTo(0, 0)")
+    for element in ("#headline .glance-card >> nth=0", "#throughput-plot img", "#memory-plot img", "#loss-plot img"):
+        box = page.locator(element).bounding_box()
+        assert box and box["y"] >= 0 and box["y"] + box["height"] <= 900, (element, box)
+    page.set_viewport_size(DESKTOP)
+    assert demo_core.COLLATORS["naive-concat"].why in _details(page)  # the reasons, folded under the numbers
     assert f"run {entry.run_id}" in page.locator("#results-source").inner_text()
     assert "Not the settings" not in page.locator("#batch-source").inner_text()
     for plot in ("throughput-plot", "loss-plot", "memory-plot", "lengths-plot"):
@@ -295,7 +326,7 @@ def test_will_it_fit_answers_the_question_on_the_page_and_a_chip_asks_for_anothe
 
 
 def test_on_a_phone_every_collator_is_readable_and_run_stays_in_reach(browser, lab_app):
-    phone = _tab(browser, PHONE)
+    phone = _tab(browser, PHONE, pixel_ratio=3)  # a phone's screen: 3 device pixels per CSS pixel
     phone.goto(lab_app.demo.local_url)
     phone.wait_for_selector("#batch-plot img")
     assert phone.evaluate(OVERFLOW) == NO_OVERFLOW
@@ -310,28 +341,38 @@ def test_on_a_phone_every_collator_is_readable_and_run_stays_in_reach(browser, l
     phone.wait_for_function("() => document.querySelector('#batch-source').innerText.includes('trl-bfd · 2 steps "
                             "· batch 4')")
     assert phone.evaluate(PICTURE_SOURCE) != before
-    # The picture is drawn for the phone's width (a desktop's 16-inch picture would be shrunk 3.5x).
-    shrink = phone.evaluate("() => { const image = document.querySelector('#batch-plot img'); "
-                            "return image.naturalWidth / image.clientWidth; }")
-    assert shrink <= 2.5, shrink
+    # The picture is drawn for the phone's width (a desktop's 16-inch picture would be shrunk 3.5x) and density: 3
+    # device pixels per CSS pixel, so that it is sharp there.
+    assert phone.evaluate(FIGURE_DENSITIES) == [pytest.approx(3, abs=0.05)] * 2  # the batch and the lengths
 
     phone.locator("#results-source").scroll_into_view_if_needed()  # past the picture: Run is still on screen
     box = phone.locator("#run").bounding_box()
     assert box and 0 <= box["y"] and box["y"] + box["height"] <= PHONE["height"]
     phone.click("#run")
     phone.wait_for_function(RUN_DISABLED, timeout=10_000)
+    # Run takes the visitor from the settings (the phone's first screens) to the headline, where the results come.
+    phone.wait_for_function("() => { const top = document.querySelector('#headline').getBoundingClientRect().top; "
+                            "return top >= 0 && top < window.innerHeight / 2; }", timeout=10_000)
     phone.wait_for_function(DONE, timeout=RUN_TIMEOUT_MS)
     phone.wait_for_function(f"() => !({RUN_DISABLED})()", timeout=10_000)
+    headline = phone.locator("#headline").bounding_box()
+    assert 0 <= headline["y"] < PHONE["height"] / 2, headline  # still there: the results fill in under it
+    # Six packed collators: a compact table of their numbers, a row each; every figure sharp and drawn to fit.
+    assert phone.locator("#headline .glance-table tbody tr").count() == len(demo_core.COLLATORS) - 1
+    assert phone.evaluate(FIGURE_DENSITIES) == [pytest.approx(3, abs=0.05)] * 6
 
     _screenshot(phone, "browser-phone.png")
     _screenshot(phone, "browser-phone-full.png", full_page=True)
     assert phone.evaluate(OVERFLOW) == NO_OVERFLOW  # seven rows of results, and nothing sticks out sideways
     assert phone.evaluate(BROKEN_NUMBERS) == []
-    # Each collator's line in the headline carries its plot colour: seven different ones, TRL's included.
-    colours = phone.evaluate("() => [...document.querySelectorAll('#headline .collator-key')]"
-                             ".map(key => getComputedStyle(key).backgroundColor)")
-    assert len(colours) == len(demo_core.COLLATORS) == len(set(colours)), colours
-    assert all(spec.why in phone.locator("#headline").inner_text() for spec in demo_core.COLLATORS.values())
+    # Each collator's row in the headline (padded's in the baseline's line) and its line in the details carries its
+    # plot colour: seven different ones, TRL's included.
+    details = _details(phone)
+    for where in ("#headline", "#details"):
+        colours = phone.evaluate(f"() => [...document.querySelectorAll('{where} .collator-key')]"
+                                 ".map(key => getComputedStyle(key).backgroundColor)")
+        assert len(colours) == len(demo_core.COLLATORS) == len(set(colours)), (where, colours)
+    assert all(spec.why in details for spec in demo_core.COLLATORS.values())
     _check_readable(phone)
     phone.close()
 

@@ -6,7 +6,8 @@ import gradio as gr
 import pytest
 
 from serving import planner_page
-from figure_checks import cut_off
+from serving.page import Screen
+from figure_checks import cut_off, overlapping
 from demo_core.errors import DemoInputError
 
 GIB = 2 ** 30
@@ -18,7 +19,7 @@ QLORA_8B = dict(model="Llama-3.1-8B", batch_size=4, seq_length=2048, dataset="fl
 def test_page_plan_draws_padded_and_packed_peaks_with_gpu_lines():
     views = planner_page.plan_page(**QLORA_8B)
     summary, bars, curve = views.summary, views.bars, views.curve
-    assert "Peak per device" in summary and "24 GB" in summary
+    assert "Peak per device" in summary and "24 GB: fits" in summary  # in words, not a mark alone
     axes = bars.axes[0]
     # one stacked segment per category and bar; each bar's stack adds up to its plan's peak
     tops = {}
@@ -80,7 +81,8 @@ def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyon
 @pytest.mark.parametrize("picture_px", [326, 1065])  # a phone's width, a desktop's (the figures cap at 6.5 in)
 def test_the_figures_are_drawn_for_the_width_the_page_shows_them_at(picture_px):
     # Drawn wider than shown, the browser shrinks them and their text with them (to 63% on a phone at 6.5 in).
-    views = planner_page.plan_page(**QLORA_8B, picture_px=picture_px)
+    views = planner_page.plan_page(**QLORA_8B, screen=Screen(picture_px))
     for figure in (views.bars, views.curve):
         assert figure.get_size_inches()[0] * figure.dpi == pytest.approx(min(picture_px, 6.5 * figure.dpi))
         assert cut_off(figure) == []  # and every text stays inside at that width
+        assert overlapping(figure) == []  # and apart: the bars' labels share a phone's width

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 
 import demo_core
 from presentation import batch_picture, plots
-from figure_checks import PHONE_IN, cut_off, drawn_texts
+from presentation.report import human_bytes
+from figure_checks import PHONE_IN, cut_off, drawn_texts, overlapping
 
 # 5 steps: step 1 is warm-up and step 2 profiled, so 3 are timed, the fewest that give a speedup.
 CONFIG = demo_core.RunConfig(samples=32, steps=5, batch_size=4, max_length=256,
@@ -103,6 +105,12 @@ def test_anatomy_figure_stacks_each_collators_profiled_step(document):
             [sum(result["time_anatomy"][part].values()) * 1000 for result in results])
     phases = results[0]["time_anatomy"]["phases"]
     assert f"bwd/fwd {phases['backward'] / phases['forward']:.1f}×" in _texts(figure)
+    # The y axis ends where the tallest bar's label does (not 30% above it for a legend); the legends are under the
+    # panels, over no bar.
+    tallest = max(result["time_anatomy"]["step_s"] for result in results) * 1000
+    assert tallest < by_phase.get_ylim()[1] < 1.2 * tallest
+    for legend, axes in zip((legend for panel in figure.subfigs for legend in panel.legends), figure.axes):
+        assert legend.get_window_extent().y1 < axes.get_window_extent().y0
     none_profiled = {**document, "results": [{**result, "time_anatomy": None} for result in results]}
     assert "no step was profiled" in _texts(plots.anatomy_figure(none_profiled))
 
@@ -115,18 +123,53 @@ def test_loss_figure_draws_every_step_of_every_collator(document):
     assert len({line.get_linestyle() for line in lines}) == len(lines)  # identical curves stay distinguishable
 
 
-def test_memory_figure_stacks_estimate_and_measured_or_says_why_not(document):
-    figure = plots.memory_figure(document)
+def _memory_heights(figure: Figure, index: int) -> tuple[float, float]:
+    """The heights of collator `index`'s estimate (hatched, left) and measured (solid, right) stacks, in MB."""
+    bars = figure.axes[0].patches
+    return tuple(sum(bar.get_height() for bar in bars if bool(bar.get_hatch()) == hatched
+                     and abs(bar.get_x() + bar.get_width() / 2 - (index + offset)) < 1e-6)
+                 for offset, hatched in ((-0.2, True), (0.2, False)))
+
+
+def _labels_over(figure: Figure, index: int) -> list[str]:
+    """The labels over collator `index`'s pair of bars, from the bottom up, their lines joined by spaces."""
+    return [" ".join(text.get_text().split()) for text in figure.axes[0].texts
+            if isinstance(text, Annotation) and text.xy[0] == index]
+
+
+@pytest.mark.parametrize("width_in", [PHONE_IN, plots.RESULT_WIDTH_IN])
+def test_memory_figure_stacks_what_was_alive_at_each_peak_labelled_as_the_table(document, width_in):
+    figure = plots.memory_figure(document, width_in)
+    _renders(figure)
+    for index, result in enumerate(document["results"]):
+        memory = result["memory"]
+        # The bars stack only what was alive together: the estimate at its peak, the measurement at its own.
+        assert _memory_heights(figure, index) == pytest.approx(
+            (memory["estimated_peak_bytes"] / 1e6, result["peak_memory_bytes"] / 1e6))
+        assert sum(memory["measured_at_peak"].values()) == memory["peak_bytes"] == result["peak_memory_bytes"]
+        # The label is the results table's peak memory, as the table writes it, then the estimate's error.
+        error = f"est. {memory['estimated_peak_bytes'] / result['peak_memory_bytes'] - 1:+.0%}"
+        assert _labels_over(figure, index) == [human_bytes(result["peak_memory_bytes"]), error]
+    # What the measurement is on this device, in words: a CPU's is a sum of tensor sizes, not an allocator reading
+    # (the whole sentence, why, is in the headline).
+    kind = document["results"][0]["memory"]["peak_kind"]
+    assert "no allocator peak" in kind
+    assert "measured: sum of live tensor sizes at the end of the forward" in " ".join(_texts(figure).split())
+
+
+def test_memory_figure_of_a_document_saved_before_one_peak_stacks_every_category_or_says_why_not(document):
+    new_keys = ("peak_kind", "measured_at_peak", "estimated_peak_bytes", "estimated_peak_moment", "estimated_at_peak")
+    saved = {**document, "results": [{**result, "memory": {key: value for key, value in result["memory"].items()
+                                                           if key not in new_keys}}
+                                     for result in document["results"]]}
+    figure = plots.memory_figure(saved)
     _renders(figure)
     texts = _texts(figure)
-    bars = figure.axes[0].patches
     for index, result in enumerate(document["results"]):
         memory = result["memory"]
         measured = {category: value for category, value in memory["measured"].items() if value is not None}
-        # Each collator's hatched bar stacks its estimate, its solid bar what was measured, centred on its tick.
-        estimate_height = sum(bar.get_height() for bar in bars
-                              if bar.get_hatch() and abs(bar.get_x() + bar.get_width() / 2 - (index - 0.2)) < 1e-6)
-        assert estimate_height == pytest.approx(sum(memory["estimate"].values()) / 1e6)
+        assert _memory_heights(figure, index) == pytest.approx(
+            (sum(memory["estimate"].values()) / 1e6, sum(measured.values()) / 1e6))
         assert f"{sum(measured.values()) / 1e6:,.1f} MB" in texts
         error = sum(memory["estimate"][category] for category in measured) / sum(measured.values()) - 1
         assert f"est. {error:+.0%}*" in texts
@@ -146,7 +189,8 @@ def test_results_figures_draw_a_run_in_progress(document):
 
 # ---- readable with every collator, on a desktop and on a phone ----------------------------------------------------
 
-EVERY_COLLATOR = demo_core.RunConfig(samples=8, steps=2, batch_size=2, max_length=128,
+# 5 steps, as CONFIG: speedups and work ideals to label, the labels that crowd a figure with seven bars.
+EVERY_COLLATOR = demo_core.RunConfig(samples=8, steps=5, batch_size=2, max_length=128,
                                      collators=tuple(demo_core.COLLATORS))
 
 
@@ -162,18 +206,38 @@ def test_the_batch_picture_keeps_every_text_inside_and_readable_at_any_width(eve
     figure = batch_picture.batch_figure(preview, width_in)
     assert figure.get_size_inches()[0] == pytest.approx(width_in)
     assert cut_off(figure) == []
+    assert overlapping(figure) == []
     # The page shows a figure at FIGURE_DPI CSS pixels per inch, so a p-point text is ~1.1 p pixels high.
     assert min(text.get_fontsize() for text in drawn_texts(figure)) >= batch_picture.SMALL_PT
     texts = _texts(figure)
     assert "trl-bfd" in texts and "used by" in texts  # the packed rows and every mask's users are drawn
 
 
-@pytest.mark.parametrize("width_in", [PHONE_IN, plots.RESULT_WIDTH_IN])
-def test_results_figures_keep_every_text_inside_with_every_collator(every_collator, width_in):
-    _, document = every_collator
-    for draw in (plots.throughput_figure, plots.loss_figure, plots.memory_figure, plots.anatomy_figure):
+RESULT_FIGURES = (plots.throughput_figure, plots.loss_figure, plots.memory_figure, plots.anatomy_figure)
+
+
+@pytest.fixture(scope="module")
+def two_collators(document):
+    """The page's figures once the second collator of a run has finished: its first two results."""
+    return {**document, "results": document["results"][:2]}
+
+
+@pytest.mark.parametrize("width_in", [PHONE_IN, plots.RESULT_WIDTH_IN, plots.ANATOMY_WIDTH_IN])
+@pytest.mark.parametrize("run", ["two_collators", "every_collator"])
+def test_results_figures_draw_no_text_over_another_nor_past_the_edge(run, width_in, request):
+    """On a phone and a desktop, with two collators and with all seven: every label readable and inside."""
+    document = request.getfixturevalue(run)
+    document = document[1] if run == "every_collator" else document
+    # The page shows the run's figures at most RESULT_WIDTH_IN wide, the anatomy's two panels up to ANATOMY_WIDTH_IN.
+    for draw in RESULT_FIGURES if width_in <= plots.RESULT_WIDTH_IN else (plots.anatomy_figure,):
         figure = draw(document, width_in)
+        assert overlapping(figure) == [], draw.__name__
         assert cut_off(figure) == [], draw.__name__
+
+
+@pytest.mark.parametrize("width_in", [PHONE_IN, plots.RESULT_WIDTH_IN])
+def test_results_figures_tell_every_collator_apart(every_collator, width_in):
+    _, document = every_collator
     loss = plots.loss_figure(document, width_in)
     FigureCanvasAgg(loss).draw()
     [legend] = loss.legends  # seven collators' names below the curves, not over them

@@ -17,7 +17,7 @@ def saved_run(config=RUN_CONFIG):
 def test_a_picture_of_other_settings_than_the_results_says_which_differ():
     picture = provenance.preview_shown({**RUN_CONFIG, "dataset": "orcamath-like", "samples": 256}, INPUTS)
     above, below = provenance.lines(picture, saved_run())
-    assert "**Not the settings of the results in section 2** (run **abc123**)" in above
+    assert "**Not the settings of the results above** (run **abc123**)" in above
     assert "dataset orcamath-like there" not in above  # "there" is the run, "here" the picture
     assert "dataset flan-like there, orcamath-like here" in above and "samples 64 there, 256 here" in above
     assert "run **abc123** (complete, saved 2026-11-30 06:00:00 UTC)" in below

@@ -1,13 +1,15 @@
 """The presentation shared by the CLI and the page: one set of columns and sentences, human units, honest labels."""
 
 import csv
+import html
 import io
 import json
+import re
 
 import pytest
 
 import demo_core
-from presentation import batch_picture, plots, report
+from presentation import batch_picture, headline, plots, report
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_saved_run_summary_counts_the_examples_the_run_used(document):
 
 def test_a_run_stopped_in_its_first_collator_says_so_instead_of_asking_for_collators(prepared):
     stopped = prepared.comparison([]).to_dict()
-    text = report.headline(stopped)
+    text = headline.headline(stopped)
     assert "Stopped before padded, flatten finished" in text
     assert "Add `padded`" not in text and "contamination check was skipped" in text
 
@@ -87,18 +89,45 @@ def test_human_bytes():
     assert [report.human_bytes(n) for n in (999, 117_321_932, 80e9)] == ["999 B", "117.3 MB", "80.0 GB"]
 
 
-def test_the_headline_puts_each_collators_why_and_colour_next_to_its_numbers(document, prepared):
+def test_the_details_put_each_collators_why_and_colour_next_to_its_numbers(document, prepared):
     attention_why = demo_core.preview(prepared)["attention_why"]
-    text = report.headline(document, 12.3, attention_why)
-    lines = text.splitlines()
-    assert lines[0] == "### Done in 12.3 s"
+    lines = headline.detail_markdown(document, attention_why).splitlines()
     for result in document["results"]:
         spec = demo_core.COLLATORS[result["collator"]]
         [line] = [line for line in lines if f"**{spec.name}**" in line]
         assert f"background:{spec.color}" in line and spec.why in line  # swatch, numbers and why on one line
     flatten = document["comparison"]["flatten"]
-    assert f"{flatten['speedup_vs_padded']:.2f}× the padded throughput" in text
-    assert f"**{document['config']['resolved_attention']} attention**: *{attention_why}*" in text
+    assert any(f"{flatten['speedup_vs_padded']:.2f}× the padded throughput" in line for line in lines)
+    assert f"**{document['config']['resolved_attention']} attention**: *{attention_why}*" in lines[-1]
+
+
+def _numbers_of(card: str) -> list[str]:
+    return re.findall(r'class="glance-number">([^<]+)<', card)
+
+
+def test_the_headline_shows_speed_memory_and_loss_of_each_packed_collator_big(document):
+    text = headline.headline(document, 12.3)
+    assert text.startswith("### Done in 12.3 s")
+    [card] = re.findall(r'<div class="glance-card">.*?</div></div></div>', text)  # flatten's: padded is the baseline
+    flatten, padded = document["comparison"]["flatten"], document["results"][0]
+    memory_change = f"{flatten['peak_memory_vs_padded']:+.0%}".replace("-", "−")
+    assert _numbers_of(card) == [f"{flatten['speedup_vs_padded']:.2f}×", memory_change,
+                                 f"{flatten['max_abs_loss_diff_vs_padded']:.1e}"]
+    assert f"ideal {flatten['ideal_speedup']:.2f}×" in card and "identical" in card
+    # The peak is the one the results table shows, and what it measures on this device is said in words.
+    assert report.human_bytes(padded["peak_memory_bytes"]) in text and padded["peak_memory_kind"] in text
+
+
+def test_a_slower_collator_reads_slower_and_seven_collators_make_a_compact_table(document):
+    flatten = {**document["comparison"]["flatten"], "speedup_vs_padded": 0.58}
+    slower = {**document, "comparison": {**document["comparison"], "flatten": flatten}}
+    words = html.unescape(headline.numbers(slower))
+    assert "0.58×" in words and "speed vs padded: </span>slower" in words and "faster" not in words
+    padded, packed = document["results"]
+    many = {**document, "results": [padded] + [packed] * 6}  # six packed collators beside padded: a row each
+    text = headline.numbers(many)
+    assert 'class="glance-table"' in text and 'class="glance-card"' not in text
+    assert text.count("<tr>") == 1 + 6
 
 
 def test_a_stopped_runs_empty_contamination_table_says_why(prepared, document):
