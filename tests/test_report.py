@@ -141,3 +141,16 @@ def test_tables_put_the_key_columns_first():
     assert report.RESULT_HEADERS[:5] == ["collator", "speedup vs padded", "ideal speedup", "max |Δloss| vs padded",
                                          "peak memory"]
     assert report.HISTORY_HEADERS[:3] == ["run id", "best speedup", "status"]
+
+
+def test_before_run_the_cost_table_predicts_time_and_memory_and_warns_when_long_or_too_big(prepared):
+    preview = demo_core.preview(prepared)
+    predicted, memory = preview["predicted"], preview["memory_guard"]
+    text = report.cost_markdown(preview)
+    assert f"about {report.human_seconds(predicted['duration_s'])}" in text and "⚠" not in text
+    peak, available = (report.human_bytes(memory[key]) for key in ("predicted_peak_bytes", "available_bytes"))
+    assert f"**{peak}** of {available} available: fits" in text
+    too_much = {**preview, "predicted": {**predicted, "duration_s": 5400.0, "long": True},
+                "memory_guard": {**memory, "fits": False}}
+    warned = report.cost_markdown(too_much)
+    assert "about 1.5 h** ⚠ long" in warned and "⚠ does not fit: Run would be refused" in warned
