@@ -185,8 +185,12 @@ class ProbeReference:
     def largest_bytes(self) -> float:
         return max(self.bytes_by_target.values(), default=0.0)
 
-    def bound(self, target: str, monomials: list[float], widths: list[int]) -> float:
-        token_growth = max(real / ref for real, ref in zip(monomials, self.monomials))
+    def bound(self, target: str, monomials: list[float], widths: list[int],
+              among: list[bool] | None = None) -> float:
+        """The bound at `monomials` (the real token shape's, in `_token_monomials` order); `among`: which of them
+        may grow it (a linear part's bound is not the quadratic monomials' growth)."""
+        token_growth = max((real / ref for index, (real, ref) in enumerate(zip(monomials, self.monomials))
+                            if among is None or among[index]), default=1.0)
         width_growth = max([1.0] + [real / ref for real, ref in zip(widths, self.widths)])
         return self.bytes_by_target.get(target, 0.0) * max(token_growth, 1.0) * width_growth
 
@@ -671,17 +675,22 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
     """
     fit = activation_fit(config, spec)
     linear, quadratic = fit.evaluate(config, rows, seq_len)
-    monomials = [m for m, _ in _token_monomials(spec, rows, seq_len)]
+    monomials, squared = zip(*_token_monomials(spec, rows, seq_len))
     widths = [_real_width(config, name) for name in fit.width_names]
     terms: dict[str, int] = {}
     largest_layer = 0
     out_of_bounds = []
     for target in fit.targets:
-        bound = fit.reference.bound(target, monomials, widths)
-        noise = 8 + _HELD_OUT_TOLERANCE * bound  # float sums of exact counts, extrapolated: zero is zero
-        for part in (linear, quadratic):
-            if abs(part[target]) <= noise:
+        bound = fit.reference.bound(target, list(monomials), widths)
+        for part, quadratic_part in ((linear, False), (quadratic, True)):
+            # Float sums of exact counts, extrapolated: zero is zero. Each part's rounding grows with its own
+            # monomials: judged by the quadratic ones' growth, a long sequence's real linear bytes (a 64k-token
+            # row's whole activations) would read as rounding and vanish.
+            part_bound = fit.reference.bound(target, list(monomials), widths,
+                                             [is_squared == quadratic_part for is_squared in squared])
+            if abs(part[target]) <= 8 + _HELD_OUT_TOLERANCE * part_bound:
                 part[target] = 0
+        noise = 8 + _HELD_OUT_TOLERANCE * bound
         value = linear[target] + quadratic[target]
         if value < 0 or value > bound + noise:
             out_of_bounds.append(f"{target} {value / 2**30:,.3f} GiB (physical range 0 to {bound / 2**30:,.3f})")

@@ -114,6 +114,24 @@ def test_the_issues_fused_loss_case_reads_gigabytes_not_terabytes():
     assert 5 * GIB < chunked.peak_bytes < full.peak_bytes < 20 * GIB  # was 12,424 GiB against 13.5 GiB
 
 
+@pytest.mark.parametrize("loss", ["full", "chunked"])
+def test_memory_grows_with_the_sequence_up_to_the_models_longest(loss):
+    # A 64k-token row's activations once read as float rounding (their threshold grew with the quadratic monomials'
+    # growth, which is zero here) and vanished: device use fell from 58 to 41 GiB going from 48k to 64k tokens, and
+    # 80 GB "fit" the model's whole 131,072 positions.
+    setting = dict(model="Llama-3.1-8B", loss=loss, **{**_SWEEP["qlora"], "batch_size": 1})
+    lengths = [4096 * 2 ** power for power in range(6)]  # 4k to 128k
+    used = [device_estimate(PlanRequest(**{**setting, "seq_length": length})).memory.device_used.bytes
+            for length in lengths]
+    activations = [device_estimate(PlanRequest(**{**setting, "seq_length": length})).categories["activations"]
+                   for length in lengths]
+    assert all(later > earlier for earlier, later in zip(used, used[1:])), [u / GIB for u in used]
+    # checkpointing keeps each layer's input: linear in tokens, so doubling the length doubles it
+    assert all(later == pytest.approx(2 * earlier, rel=0.01) for earlier, later in zip(activations, activations[1:]))
+    longest = plan(PlanRequest(gpu_gb=80, **{**setting, "seq_length": 2048})).max_seq_length
+    assert 0 < longest < 131_072
+
+
 def test_a_fit_outside_its_physical_bounds_or_missing_its_held_out_forward_is_refused(monkeypatch):
     config, step = family_config("llama"), StepShape(2, 64)
     settings = TrainingSettings(precision="fp32", attention="sdpa")
