@@ -68,14 +68,14 @@ def preview_of(run: demo_core.Prepared | RunConfig) -> dict:
 def show_preview(*, upload=None, shown: dict | None = None, screen: dict | None = None, **settings):
     """Sends the batch picture as soon as it is drawn (the view people wait for), then the histogram and costs.
     Values the picture already shows (a box left without a change) are not drawn again."""
-    inputs = {**settings, "upload": upload}
+    inputs, screen = {**settings, "upload": upload}, Screen.of(screen)
     if provenance.is_shown(shown, inputs):
         yield {UI.shown_preview: gr.skip()}
         return
     preview = preview_of(prepare_inputs(Upload.from_value(upload), **settings))
-    yield {UI.views.batch_plot: views.batch_picture(preview, Screen.of(screen)),
+    yield {UI.views.batch_plot: views.batch_picture(preview, screen),
            UI.shown_preview: provenance.preview_shown(preview["config"], inputs)}
-    yield views.lengths_views(UI.views, preview, Screen.of(screen))
+    yield views.lengths_views(UI.views, preview, screen)
 
 
 def preview_failed(*, upload=None, shown: dict | None = None, **settings) -> dict:

@@ -48,6 +48,11 @@ class RunHistory:
     def __init__(self, directory: str | os.PathLike | None = None):
         self.path = Path(directory if directory is not None else data_dir()) / HISTORY_FILE_NAME
         self._lock = threading.Lock()  # orders appends and rewrites in this process (O_APPEND covers other appenders)
+        # The parsed file and the (inode, size, mtime) it was read at: every preview (its predicted time), history
+        # table and run reads the history, and parsing a few hundred runs takes a tenth of a second. An append
+        # changes the size and a rewrite the inode (it renames a new file over the old), so a stale parse is never
+        # served. The entries are shared between readers: read them, never change them.
+        self._parsed: tuple[tuple[int, int, int], list[tuple[bytes, HistoryEntry | None]]] | None = None
 
     def append(self, document: dict, owner: str | None = None, private: bool = False) -> HistoryEntry:
         entry = HistoryEntry(uuid.uuid4().hex[:12],
@@ -70,11 +75,23 @@ class RunHistory:
         return entry
 
     def _lines(self) -> list[tuple[bytes, HistoryEntry | None]]:
-        """Every non-empty line with its entry (None for an unreadable line)."""
+        """Every non-empty line with its entry (None for an unreadable line), parsed again only when the file
+        changed."""
         try:
-            content = self.path.read_bytes()
+            with self.path.open("rb") as handle:
+                stat = os.fstat(handle.fileno())
+                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                parsed = self._parsed
+                if parsed is not None and parsed[0] == version:
+                    return parsed[1]
+                content = handle.read()
         except FileNotFoundError:
             return []
+        lines = self._parse(content)
+        self._parsed = (version, lines)
+        return lines
+
+    def _parse(self, content: bytes) -> list[tuple[bytes, HistoryEntry | None]]:
         lines = []
         for number, raw in enumerate(content.split(b"\n"), start=1):
             if not raw.strip():

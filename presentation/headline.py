@@ -3,7 +3,7 @@ teammate asks about first (speed against padded with its ideal, peak memory agai
 big; then, folded under them on the page, why each collator's numbers look the way they do.
 
 - `status_line`: "### Done in 11.5 s", or stopped;
-- `numbers`: the big numbers (HTML inside the headline's markdown: a card per packed collator for up to
+- `headline`: a status over `numbers`, the big numbers (HTML inside the headline's markdown: a card per packed collator for up to
   `CARDS_UP_TO`, a compact table for more, so that seven collators stay on one screen), the baseline and what its
   peak memory measures on this device, and what is missing (a collator that did not finish, a skipped check);
 - `collator_lines` / `detail_markdown`: per collator its numbers in words, its flags, and the registry's `why`.
@@ -52,20 +52,24 @@ def _times(ratio: float) -> str:
     return "faster" if ratio >= 1.005 else "slower" if ratio <= 1 / 1.005 else "as fast"
 
 
+# What each big number is, in card and table order; a card writes it under its number, the table over its column.
+STAT_NAMES = ("speed vs padded", "peak memory vs padded", "max |Δloss| vs padded")
+
+
 def _stats(result: dict, entry: dict, padded: dict) -> list[tuple[str, str, str]]:
     """(big number, what it is, what it says) for speed, memory and loss; "–" where the run has no such number."""
     speedup, ideal = entry["speedup_vs_padded"], entry["ideal_speedup"]
-    speed = ("–", "speed vs padded", "none: too few timed steps") if speedup is None else \
-        (f"{speedup:.2f}×", "speed vs padded", f"{_times(speedup)}; ideal {ideal:.2f}×")
+    speed = ("–", "none: too few timed steps") if speedup is None else \
+        (f"{speedup:.2f}×", f"{_times(speedup)}; ideal {ideal:.2f}×")
     change = entry.get("peak_memory_vs_padded")
-    memory = ("–", "peak memory vs padded", "not measured") if change is None else \
-        (f"{change:+.0%}".replace("-", "−"), "peak memory vs padded",
+    memory = ("–", "not measured") if change is None else \
+        (f"{change:+.0%}".replace("-", "−"),
          f"{human_bytes(result['peak_memory_bytes'])} vs {human_bytes(padded['peak_memory_bytes'])}")
     difference = entry["max_abs_loss_diff_vs_padded"]
-    loss = ("–", "max |Δloss| vs padded", "no common step") if difference is None else \
-        (f"{difference:.1e}", "max |Δloss| vs padded", "identical (float rounding)"
-         if difference < LOSS_IDENTICAL_BELOW else "differs (not the same training)")
-    return [speed, memory, loss]
+    loss = ("–", "no common step") if difference is None else \
+        (f"{difference:.1e}", "identical (float rounding)" if difference < LOSS_IDENTICAL_BELOW
+         else "differs (not the same training)")
+    return [(number, what, says) for what, (number, says) in zip(STAT_NAMES, (speed, memory, loss))]
 
 
 def _stat(number: str, what: str, says: str) -> str:
@@ -95,8 +99,7 @@ def _cards(packed: list[tuple[dict, dict]], padded: dict) -> str:
 
 
 def _table(packed: list[tuple[dict, dict]], padded: dict) -> str:
-    head = "".join(f"<th>{escape(header)}</th>" for header in ("collator", *(what for _, what, _ in
-                                                                           _stats(*packed[0], padded))))
+    head = "".join(f"<th>{escape(header)}</th>" for header in ("collator", *STAT_NAMES))
     rows = "".join(f"<tr><td>{_name(result)}{_flags(entry)}</td>"
                    + "".join(f"<td>{_stat(*stat)}</td>" for stat in _stats(result, entry, padded)) + "</tr>"
                    for result, entry in packed)
@@ -143,9 +146,10 @@ def numbers(document: dict) -> str:
     return "\n\n".join(parts)
 
 
-def headline(document: dict, seconds: float | None = None) -> str:
-    """The run at a glance (markdown): done or stopped, the big numbers, what is missing."""
-    return f"{status_line(document, seconds)}\n\n{numbers(document)}"
+def headline(document: dict, status: str) -> str:
+    """The run at a glance (markdown): `status` ("### Done in 11.5 s": `status_line`, or what the page says of a run
+    training or picked in the history), the big numbers, what is missing."""
+    return f"{status}\n\n{numbers(document)}"
 
 
 # ---- why, per collator -------------------------------------------------------------------------------------------

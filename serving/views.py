@@ -54,7 +54,7 @@ def anatomy_views(ui, document: dict, screen: Screen) -> dict:
 
 def headline_views(ui, document: dict, status: str, attention_why: str | None = None) -> dict:
     """The headline (`status`, then the big numbers) and, folded under it, why each collator's numbers look so."""
-    return {ui.summary: f"{status}\n\n{headline.numbers(document)}",
+    return {ui.summary: headline.headline(document, status),
             ui.details: headline.detail_markdown(document, attention_why)}
 
 

@@ -52,7 +52,7 @@ def test_saved_run_summary_counts_the_examples_the_run_used(document):
 
 def test_a_run_stopped_in_its_first_collator_says_so_instead_of_asking_for_collators(prepared):
     stopped = prepared.comparison([]).to_dict()
-    text = headline.headline(stopped)
+    text = headline.headline(stopped, headline.status_line(stopped))
     assert "Stopped before padded, flatten finished" in text
     assert "Add `padded`" not in text and "contamination check was skipped" in text
 
@@ -106,7 +106,7 @@ def _numbers_of(card: str) -> list[str]:
 
 
 def test_the_headline_shows_speed_memory_and_loss_of_each_packed_collator_big(document):
-    text = headline.headline(document, 12.3)
+    text = headline.headline(document, headline.status_line(document, 12.3))
     assert text.startswith("### Done in 12.3 s")
     [card] = re.findall(r'<div class="glance-card">.*?</div></div></div>', text)  # flatten's: padded is the baseline
     flatten, padded = document["comparison"]["flatten"], document["results"][0]
