@@ -30,9 +30,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default
 import gradio as gr  # noqa: E402
 
 import demo_core  # noqa: E402
-from demo_core import Limits, RunConfig, RunHistory, data_dir  # noqa: E402
+from demo_core import Limits, RunConfig  # noqa: E402
 from demo_core.settings import capped_defaults  # noqa: E402
-from demo_core.stop import TIME_BUDGET  # noqa: E402
+from serving.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
+from serving.stop import TIME_BUDGET  # noqa: E402
 from serving import gpu, history_view, layout, page, planner_page, provenance, runs, uploads, views  # noqa: E402
 from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, documented_api,  # noqa: E402
                               settings_endpoint)
@@ -100,7 +101,7 @@ def run_failed(run: dict) -> dict:
             UI.shown_run: provenance.run_failed(run)}
 
 
-def _saved_status(entry: demo_core.HistoryEntry, job: gpu.TrainingJob, upload: Upload | None) -> str:
+def _saved_status(entry: HistoryEntry, job: gpu.TrainingJob, upload: Upload | None) -> str:
     status = f"Saved as run {entry.run_id} in the history below."
     if entry.document.get("stop_reason") == TIME_BUDGET:
         status += (f" It stopped itself at its time budget ({job.budget_s:.0f} s) and kept what it had: use fewer "

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.speedup_stability import _run_cli, busy_cores, stability_parser  # noqa: E402  (same runs, same load)
-from demo_core.anatomy import PLAUSIBLE_BACKWARD_OVER_FORWARD, backward_over_forward  # noqa: E402
+from demo_core.training.anatomy import PLAUSIBLE_BACKWARD_OVER_FORWARD, backward_over_forward  # noqa: E402
 
 
 def shares(anatomy: dict) -> dict[str, float]:

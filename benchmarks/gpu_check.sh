@@ -49,7 +49,7 @@ nvidia-smi
 python benchmarks/carried_wheels.py install .whl .whl/site
 python - <<'EOF'
 import platform, torch, transformers
-from demo_core import torch_varlen
+from demo_core.attention import kernels as torch_varlen
 print(f"python {platform.python_version()}  torch {torch.__version__} (CUDA {torch.version.cuda})  "
       f"transformers {transformers.__version__}  GPU {torch.cuda.get_device_name()}")
 print("varlen_attn:", torch_varlen.INSTALLED.describe() if torch_varlen.INSTALLED else torch_varlen.absence_reason())

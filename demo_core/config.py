@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .collators import COLLATORS, collator_names
-from .data import BUILTIN_DATASETS
-from .errors import DemoInputError
-from .models import PRESETS
-from .precision import PRECISION_NAMES
-from .settings import Widget, checked_values, setting
+from demo_core.collators import COLLATORS, collator_names
+from demo_core.data.loading import BUILTIN_DATASETS
+from demo_core.errors import DemoInputError
+from demo_core.models.sources import PRESETS
+from demo_core.precision import PRECISION_NAMES
+from demo_core.settings import Widget, checked_values, setting
 
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 OPTIMIZER_NAMES = ("adamw", "sgd")

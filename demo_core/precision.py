@@ -20,7 +20,7 @@ import dataclasses
 
 import torch
 
-from .errors import DemoInputError
+from demo_core.errors import DemoInputError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ import types
 import typing
 from typing import Any, Callable, Union
 
-from .errors import DemoInputError
+from demo_core.errors import DemoInputError
 
 Choices = Union[tuple, Callable[[], tuple], None]  # a callable for choices that can change (the collator registry)
 

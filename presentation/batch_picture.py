@@ -22,7 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from demo_core.collators import collator_spec
 from demo_core.config import PER_SEGMENT_ATTENTION
 
-from .plots import FIGURE_DPI, wrap_lines
+from presentation.plots import FIGURE_DPI, wrap_lines
 
 EXAMPLE_COLORS = colormaps["tab10"].colors  # one colour per example of the batch (not per collator)
 PAD_COLOR = "#dcdcdc"

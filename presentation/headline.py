@@ -26,7 +26,7 @@ from html import escape
 
 from demo_core.collators import BASELINE, collator_spec
 
-from .report import contamination_skipped, flags_in_words, human_bytes, result_entries
+from presentation.report import contamination_skipped, flags_in_words, human_bytes, result_entries
 
 CARDS_UP_TO = 3  # packed collators shown as cards; more become a compact table
 LOSS_IDENTICAL_BELOW = 1e-4  # float rounding over a few steps stays far below it; a different training far above

@@ -27,10 +27,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.textpath import text_to_path
 
-from demo_core.anatomy import backward_over_forward
+from demo_core.training.anatomy import backward_over_forward
 from demo_core.collators import BASELINE, collator_spec
 
-from .report import human_bytes
+from presentation.report import human_bytes
 
 # Each collator's colour and line style come from its registry entry (the same in every figure); the line styles
 # differ so that identical curves (padded and flatten losses) stay visible on top of each other.

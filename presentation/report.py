@@ -20,7 +20,7 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
-from demo_core.anatomy import OP_CLASSES, PHASES, backward_over_forward
+from demo_core.training.anatomy import OP_CLASSES, PHASES, backward_over_forward
 from demo_core.collators import BASELINE, COLLATORS, collator_spec
 from demo_core.results import ABOVE_IDEAL_TOLERANCE
 

@@ -16,7 +16,7 @@ import gradio as gr
 
 import demo_core
 
-from .uploads import RedactUploadPaths
+from serving.uploads import RedactUploadPaths
 
 logger = logging.getLogger("packing_lab.app")
 logger.addFilter(RedactUploadPaths())  # an unexpected error's message or traceback may name an upload's server path

@@ -22,9 +22,9 @@ from typing import Iterator
 
 import demo_core
 from demo_core import Limits, RunConfig
-from demo_core.stop import StopSignal
+from serving.stop import StopSignal
 
-from .errors import user_errors
+from serving.errors import user_errors
 
 try:  # ZeroGPU on Hugging Face Spaces; `spaces` is a no-op elsewhere, and optional off Spaces
     import spaces

@@ -7,11 +7,12 @@ another visitor's run is the same as for no run at all, so that deleting cannot 
 
 from __future__ import annotations
 
-from demo_core import DemoInputError, HistoryEntry, RunHistory
+from demo_core import DemoInputError
+from serving.history import HistoryEntry, RunHistory
 from presentation import report
 
-from . import downloads
-from .sessions import Session
+from serving import downloads
+from serving.sessions import Session
 
 PRIVATE_MARK = " (private to this tab)"
 

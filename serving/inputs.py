@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 import demo_core
-from demo_core import DemoInputError, Limits, RunConfig, data_dir
+from demo_core import DemoInputError, Limits, RunConfig
+from serving.history import data_dir
 
-from .uploads import Upload, upload_folder
+from serving.uploads import Upload, upload_folder
 
 ALLOWED_ROOTS_ENV = "PACKING_LAB_ALLOWED_ROOTS"
 

@@ -13,8 +13,8 @@ from demo_core import Limits, RunConfig
 from demo_core.settings import page_settings
 from presentation import report
 
-from . import provenance
-from .widgets import Form, settings_form
+from serving import provenance
+from serving.widgets import Form, settings_form
 
 INTRO = """
 # Packing Lab: padding vs padding-free packing, measured

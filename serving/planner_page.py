@@ -23,10 +23,10 @@ from demo_core.settings import page_settings
 from presentation.plan_views import bars_figure, scaling_figure, summary_markdown
 from presentation.plots import RESULT_WIDTH_IN
 
-from .api_docs import documented_api, settings_endpoint
-from .errors import user_errors
-from .page import WITH_SCREEN, Screen
-from .widgets import settings_form
+from serving.api_docs import documented_api, settings_endpoint
+from serving.errors import user_errors
+from serving.page import WITH_SCREEN, Screen
+from serving.widgets import settings_form
 
 DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
 # The section's inputs as the page opens, by setting name: the declared defaults (PlanRequest), on a question packing

@@ -2,7 +2,7 @@
 
 The time plan (`plan`). ZeroGPU grants the worker the `duration` it asks for and kills it then: asking for too little
 loses the run, asking for more than the scheduler allows is refused, and a long request lowers the visitor's place
-in ZeroGPU's queue. So the request is the predicted time (`demo_core.duration`) times a safety factor, plus the
+in ZeroGPU's queue. So the request is the predicted time (`demo_core.throughput.duration`) times a safety factor, plus the
 worker's start, capped by the operator's `PACKING_LAB_MAX_RUN_S`; a run predicted not to fit under the cap is
 refused before anything starts, with the number of steps that would fit; and the run stops itself within its time
 budget (the duration less the worker's start), keeping what it has. Off ZeroGPU the cap, when set, is each run's
@@ -20,11 +20,13 @@ import math
 import os
 from typing import Iterator
 
-from demo_core import DemoInputError, Limits, Prepared, RunHistory, duration
+from demo_core import DemoInputError, Limits, Prepared
+from serving.history import RunHistory
+from demo_core.throughput import duration
 
-from . import gpu
-from .sessions import Session
-from .uploads import Upload
+from serving import gpu
+from serving.sessions import Session
+from serving.uploads import Upload
 
 MAX_RUN_ENV = "PACKING_LAB_MAX_RUN_S"
 # ZeroGPU's README shows `duration=120` for a function longer than its 60 s default; what the scheduler grants beyond

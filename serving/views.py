@@ -12,9 +12,9 @@ import gradio as gr
 
 from presentation import batch_picture as picture, headline, plots, report
 
-from . import downloads
-from .layout import GLANCE_MIN_PX
-from .page import Screen
+from serving import downloads
+from serving.layout import GLANCE_MIN_PX
+from serving.page import Screen
 
 # The run's three figures share a row under the headline (GLANCE_MIN_PX wide at least); a phone stacks them.
 GLANCE_FIGURES = 3

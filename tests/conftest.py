@@ -33,7 +33,7 @@ def lab_app(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PACKING_LAB_DATA_DIR", str(data_dir))  # allowed roots and history both follow it
         import app
-        from demo_core.history import RunHistory
+        from serving.history import RunHistory
 
         patch.setattr(app, "HISTORY", RunHistory(data_dir))
         app.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True)

@@ -5,7 +5,7 @@ import torch
 from torch.profiler import profile
 
 from demo_core import RunConfig, run_comparison
-from demo_core.anatomy import (OP_CLASSES, PHASES, StepProfiler, _ModuleRanges, classify_events, classify_op,
+from demo_core.training.anatomy import (OP_CLASSES, PHASES, StepProfiler, _ModuleRanges, classify_events, classify_op,
                                profiled_steps, robust_anatomy)
 from presentation import report
 

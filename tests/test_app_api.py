@@ -12,7 +12,7 @@ import pytest
 from gradio_client import Client
 
 import demo_core
-from demo_core.history import RunHistory
+from serving.history import RunHistory
 from presentation import report
 from serving import provenance
 from serving.api_docs import PreviewDocument, RunDocument, RunSummary

@@ -12,11 +12,12 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from demo_core import DemoInputError, RunConfig
-from demo_core import attention, torch_varlen
-from demo_core.attention import VARLEN, find_segments, resolve_attention, varlen_attention
+from demo_core.attention import varlen as attention
+from demo_core.attention import kernels as torch_varlen
+from demo_core.attention.varlen import VARLEN, find_segments, resolve_attention, varlen_attention
 from demo_core.collators import make_collator
-from demo_core.engine import prepare
-from demo_core.models import PRESETS, load_model_source
+from demo_core.training.engine import prepare
+from demo_core.models.sources import PRESETS, load_model_source
 
 TINY_PRESETS = [name for name in PRESETS if name.startswith("tiny-")]
 # Lengths spanning several buckets, with a 1-token example and two of equal length.

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoModelForCausalLM, BloomConfig, Gemma2Config
 
 from demo_core import DemoInputError, Limits, RunConfig, preview
-from demo_core.models import byte_tokenizer
+from demo_core.models.sources import byte_tokenizer
 
 
 def refused(message: str, limits: Limits | None = None, **fields):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from demo_core.cli import main
+from commandline.main import main
 
 RESULT_KEYS = {"collator", "attention", "steps", "real_tokens", "trained_tokens", "padded_slots", "pad_fraction",
                "tokens_per_s",
@@ -83,7 +83,7 @@ def test_training_needs_no_plotting_library(tmp_path):
     # A GPU box carries only what training needs (docs/GPU_OFFLINE.md: matplotlib travels with the app's set): the
     # CLI's comparison runs with matplotlib unimportable.
     script = ("import sys; sys.modules['matplotlib'] = None\n"
-              "from demo_core.cli import main\n"
+              "from commandline.main import main\n"
               "arguments = ['compare', '--samples', '16', '--steps', '3', '--batch-size', '4', '--json', sys.argv[1]]\n"
               "sys.exit(main(arguments))")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run.json")], capture_output=True, text=True,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from demo_core.collators import make_collator
-from demo_core.models import byte_tokenizer
+from demo_core.models.sources import byte_tokenizer
 
 LENGTHS = [4, 16, 31, 14]
 

@@ -7,7 +7,7 @@ import pytest
 from test_timing import make_result
 
 from demo_core import RunConfig, run_comparison
-from demo_core.memory_measure import PhasePeaks, measured_peak
+from demo_core.memory.measure import PhasePeaks, measured_peak
 from presentation.report import best_speedup
 from demo_core.results import compare
 

@@ -8,9 +8,9 @@ import datasets
 import pytest
 
 from demo_core import DemoInputError
-from demo_core.data import builtin_records, load
-from demo_core.models import byte_tokenizer
-from demo_core.readers import read_file
+from demo_core.data.loading import builtin_records, load
+from demo_core.models.sources import byte_tokenizer
+from demo_core.data.readers import read_file
 
 BOM = b"\xef\xbb\xbf"
 

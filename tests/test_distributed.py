@@ -18,7 +18,7 @@ import pytest
 from transformers import LlamaForCausalLM
 
 from demo_core import DemoInputError, RunConfig, run_comparison
-from demo_core import distributed
+from demo_core.training import distributed
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = ["--model", "tiny-llama", "--samples", "32", "--collators", "padded,flatten", "--steps", "3", "--device", "cpu",

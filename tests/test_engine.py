@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from demo_core import DemoInputError, RunConfig, run_comparison
-from demo_core.contamination import contamination_check
-from demo_core.data import load
-from demo_core.models import PRESETS, load_model_source
+from demo_core.attention.contamination import contamination_check
+from demo_core.data.loading import load
+from demo_core.models.sources import PRESETS, load_model_source
 
 TINY_PRESETS = [name for name in PRESETS if name.startswith("tiny-")]
 
@@ -140,7 +140,9 @@ def test_a_stop_that_comes_after_the_last_step_stops_nothing():
 def test_a_run_packs_its_data_once_for_the_preview_and_every_burst(monkeypatch):
     # Best-fit-decreasing over the whole data takes seconds at the sample cap: bfd and trl-bfd's pictures and bfd's
     # burst read the same packed rows (trl-bfd's SFTTrainer packs inside TRL, as the blog's recipe does).
-    from demo_core import engine, preview, trainers
+    from demo_core import preview
+    from demo_core.training import engine
+    from demo_core.training import trainers
 
     packings = []
     real_pack = trainers.pack_dataset

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-import demo_core.engine as engine
+import demo_core.training.engine as engine
 from demo_core import DemoInputError, RunConfig, run_comparison
 
 SMALL = dict(model="tiny-llama", dataset="flan-like", samples=32, batch_size=4, attention="sdpa")

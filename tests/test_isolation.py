@@ -23,13 +23,14 @@ import torch
 from gradio_client import Client
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
-from demo_core import RunConfig, activation_probe, run_comparison
-from demo_core.activation_probe import ProbeSpec, activation_fit
-from demo_core.contamination import contamination_check
-from demo_core.isolation import exclusive
-from demo_core.memory_estimate import param_facts
-from demo_core.models import byte_tokenizer, load_model_source
-from demo_core.preflight import measure_packing
+from demo_core import RunConfig, run_comparison
+from demo_core.memory import probe as activation_probe
+from demo_core.memory.probe import ProbeSpec, activation_fit
+from demo_core.attention.contamination import contamination_check
+from demo_core.training.isolation import exclusive
+from demo_core.memory.estimate import param_facts
+from demo_core.models.sources import byte_tokenizer, load_model_source
+from demo_core.attention.preflight import measure_packing
 
 RUN = dict(dataset="flan-like", samples=16, collators=("padded", "flatten"), steps=3, batch_size=4, seed=1,
            max_length=256)

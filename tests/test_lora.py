@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from demo_core import DemoInputError, RunConfig, run_comparison
-from demo_core.burst import BurstSettings
-from demo_core.cli import main
-from demo_core.engine import prepare
-from demo_core.lora_burst import check_qlora, with_lora
-from demo_core.memory_estimate import StepShape, lora_adapter_shapes
-from demo_core.models import load_model_source
-from demo_core.planner import PlanRequest, load_config, per_device_estimate, training_settings
+from demo_core.training.burst import BurstSettings
+from commandline.main import main
+from demo_core.training.engine import prepare
+from demo_core.training.lora import check_qlora, with_lora
+from demo_core.memory.estimate import StepShape, lora_adapter_shapes
+from demo_core.models.sources import load_model_source
+from demo_core.memory.planner import PlanRequest, load_config, per_device_estimate, training_settings
 
 SMALL = dict(dataset="flan-like", samples=24, steps=4, batch_size=4, lora_rank=8)
 STATES = ("weights", "gradients", "optimizer")

@@ -9,7 +9,7 @@ import pytest
 
 from demo_core import COLLATORS, RunConfig, run_comparison
 from demo_core.collators import BASELINE
-from demo_core.models import PRESETS
+from demo_core.models.sources import PRESETS
 
 TINY_PRESETS = [name for name in PRESETS if name.startswith("tiny-")]
 # Every collator the registry says trains like padded (today flatten and trl-padding-free).

@@ -9,10 +9,10 @@ import torch
 from tiny_models import VOCAB, build, family_config, packed_batch, padded_batch, saved_bytes, segment_lengths
 from transformers.optimization import Adafactor
 
-import demo_core.memory_estimate as estimate
+import demo_core.memory.estimate as estimate
 from demo_core.errors import DemoInputError
-from demo_core.memory_estimate import StepShape, TrainingSettings, estimate_memory, estimate_memory_detail
-from demo_core.memory_measure import CATEGORIES, SavedActivationMeter, tensor_bytes_by_category
+from demo_core.memory.estimate import StepShape, TrainingSettings, estimate_memory, estimate_memory_detail
+from demo_core.memory.measure import CATEGORIES, SavedActivationMeter, tensor_bytes_by_category
 
 PRESET_FAMILIES = ["llama", "mistral", "qwen2", "gemma", "phi3", "granite", "gpt2"]
 

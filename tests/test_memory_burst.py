@@ -3,7 +3,7 @@
 import pytest
 
 from demo_core import RunConfig, run_comparison
-from demo_core.memory_measure import CATEGORIES
+from demo_core.memory.measure import CATEGORIES
 
 SMALL = dict(dataset="flan-like", samples=24, steps=2, batch_size=4)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny_models import build, family_config, padded_batch
 
-import demo_core.memory_measure as memory
-from demo_core.memory_estimate import StepShape, estimate_memory
+import demo_core.memory.measure as memory
+from demo_core.memory.estimate import StepShape, estimate_memory
 
 
 # ---- tensors, the meter, the report ---------------------------------------------------------------------------

@@ -11,12 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from demo_core import RunConfig, run_comparison
-from demo_core.cli import main
-from demo_core.engine import prepare
+from commandline.main import main
+from demo_core.training.engine import prepare
 from demo_core.errors import DemoInputError
-from demo_core.memory_estimate import StepShape, param_facts
-from demo_core.models import PRESETS
-from demo_core.planner import (GPU_SIZES_GB, PlanRequest, device_estimate, largest_fit_words, load_config,
+from demo_core.memory.estimate import StepShape, param_facts
+from demo_core.models.sources import PRESETS
+from demo_core.memory.planner import (GPU_SIZES_GB, PlanRequest, device_estimate, largest_fit_words, load_config,
                                per_device_estimate, plan, shipped_configs, training_settings)
 
 GIB = 2 ** 30
@@ -122,7 +122,7 @@ def test_packing_a_length_profile_needs_less_than_padding_it():
     assert packed < padded
 
 
-# Published sizes from the model cards (see demo_core/model_configs/README.md).
+# Published sizes from the model cards (see demo_core/models/configs/README.md).
 PUBLISHED_PARAMS = {"Llama-3.2-1B": 1.23e9, "Llama-3.2-3B": 3.21e9, "Llama-3.1-8B": 8.03e9, "Qwen2.5-0.5B": 0.49e9,
                     "Qwen2.5-7B": 7.61e9, "Mistral-7B-v0.3": 7.25e9, "gemma-2-2b": 2.61e9,
                     "Phi-3-mini-4k-instruct": 3.82e9, "SmolLM2-135M": 135e6, "SmolLM2-1.7B": 1.71e9,

@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 from tiny_models import family_config
 
-from demo_core import activation_probe, memory_estimate, memory_reserve
+from demo_core.memory import probe as activation_probe
+from demo_core.memory import estimate as memory_estimate
+from demo_core.memory import reserve as memory_reserve
 from demo_core.errors import DemoInputError
-from demo_core.memory_estimate import StepShape, TrainingSettings, bert_large_config, estimate_memory_detail
-from demo_core.memory_reserve import MIB, segment_bytes
-from demo_core.planner import PlanRequest, device_estimate, load_config, plan, shipped_configs
+from demo_core.memory.estimate import StepShape, TrainingSettings, bert_large_config, estimate_memory_detail
+from demo_core.memory.reserve import MIB, segment_bytes
+from demo_core.memory.planner import PlanRequest, device_estimate, load_config, plan, shipped_configs
 
 GIB = 2 ** 30
 

@@ -66,7 +66,7 @@ def test_section_builds_inside_blocks_and_registers_plan():
 
 
 def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyone_asks(monkeypatch):
-    from demo_core import activation_probe
+    from demo_core.memory import probe as activation_probe
 
     monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})  # as a fresh server: no model probed yet
     planner_page.warm_up_in_background().join(timeout=600)

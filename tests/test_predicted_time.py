@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from demo_core import RunConfig, prepare, preview
-from demo_core.duration import slots_per_step
+from demo_core.throughput.duration import slots_per_step
 
 RUN = dict(model="tiny-llama", dataset="flan-like", samples=32, steps=10, batch_size=4,
            collators=("padded", "flatten"))

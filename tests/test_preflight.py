@@ -13,11 +13,12 @@ import pytest
 import torch
 from transformers import Gemma2Config, Lfm2Config, MistralConfig, Starcoder2Config
 
-from demo_core import RunConfig, preflight, run_comparison
-from demo_core.cli import main
-from demo_core.contamination import contamination_check
+from demo_core import RunConfig, run_comparison
+from demo_core.attention import preflight
+from commandline.main import main
+from demo_core.attention.contamination import contamination_check
 from demo_core.errors import DemoInputError
-from demo_core.models import byte_tokenizer, config_source, load_model_source
+from demo_core.models.sources import byte_tokenizer, config_source, load_model_source
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SMALL = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -113,7 +114,7 @@ def test_a_model_that_crashes_in_the_contamination_check_leaves_it_empty_and_say
     def broken(*args, **kwargs):
         raise RuntimeError("the model broke")
 
-    monkeypatch.setattr("demo_core.contamination._rows", broken)
+    monkeypatch.setattr("demo_core.attention.contamination._rows", broken)
     rows, not_checked = contamination_check(source, "sdpa", [[5, 6, 7], [8, 9]], "cpu", seed=0)
     assert rows == [] and "could not compute" in not_checked and "RuntimeError" in not_checked
 

@@ -8,7 +8,7 @@ import pytest
 
 import demo_core
 from presentation import batch_picture, plots
-from demo_core.cli import main
+from commandline.main import main
 from demo_core.collators import COLLATORS, CollatorSpec, FlattenCollator
 
 

@@ -29,7 +29,7 @@ from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
 import demo_core
-from demo_core.models import PRESETS, byte_tokenizer
+from demo_core.models.sources import PRESETS, byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(collators="padded,flatten", steps=2, batch_size=4)

@@ -15,8 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from demo_core import RunConfig, preview, run_comparison
-from demo_core.data import load
-from demo_core.models import byte_tokenizer
+from demo_core.data.loading import load
+from demo_core.models.sources import byte_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOLERANCE = 1e-4  # as test_loss_parity.py: float rounding is ~1e-6 in fp32

@@ -20,7 +20,7 @@ import pytest
 
 import demo_core
 from presentation import plots
-from demo_core.models import ModelSource
+from demo_core.models.sources import ModelSource
 
 RUN = dict(collators=("padded", "flatten"), steps=2, batch_size=8)  # batch 8 of FLAN-like lengths: a 1024-token row
 

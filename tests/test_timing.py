@@ -5,10 +5,10 @@ import threading
 import pytest
 import torch
 
-from demo_core.models import load_model_source
+from demo_core.models.sources import load_model_source
 from demo_core.results import Result, compare
-from demo_core.timing import Turns, interquartile_mean, timed_step_indices, weighted_quantile
-from demo_core.work import WorkModel, step_flops
+from demo_core.training.timing import Turns, interquartile_mean, timed_step_indices, weighted_quantile
+from demo_core.throughput.work import WorkModel, step_flops
 
 
 def make_result(collator: str, step_times_s: list[float], slots: list[int], real: list[int] | None = None,
@@ -146,7 +146,7 @@ def test_turns_alternate_threads_step_by_step_and_survive_one_leaving_early():
 
 
 def test_torch_threads_are_restored_after_the_block():
-    from demo_core.timing import torch_threads
+    from demo_core.training.timing import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(1):

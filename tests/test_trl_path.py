@@ -7,9 +7,9 @@ batches through different code (TRL's collator and trainer vs transformers' coll
 import pytest
 
 from demo_core import RunConfig, preview, run_comparison
-from demo_core.burst import BurstSettings
+from demo_core.training.burst import BurstSettings
 from demo_core.collators import COLLATORS
-from demo_core.trainers import sft_config
+from demo_core.training.trainers import sft_config
 
 TOLERANCE = 1e-4
 

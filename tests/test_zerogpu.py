@@ -25,8 +25,8 @@ import spaces.config
 from gradio_client import Client
 
 import demo_core
-from demo_core import engine
-from demo_core.history import RunHistory
+from demo_core.training import engine
+from serving.history import RunHistory
 from serving import gpu, runs
 
 # spaces reads the GPU model from the NVIDIA driver's files, which a CPU machine has not got (it then assumes an H200).
@@ -192,7 +192,7 @@ def test_a_run_predicted_past_the_cap_is_refused_with_the_steps_that_fit(lab_app
 
 def test_the_time_plan_learns_from_timed_steps_only():
     # Step 1 (warm-up) and the profiled step 2 are slow on purpose; the rate comes from the steps throughput counts.
-    from demo_core import duration
+    from demo_core.throughput import duration
 
     result = {"step_times_s": [9.0, 5.0, 0.1, 0.1, 0.1], "step_padded_slots": [100] * 5, "profiled_step": 2}
     document = {"config": {"model": "tiny-llama", "resolved_device": "cpu", "resolved_precision": "fp32"},

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-import demo_core.attention  # noqa: F401  (registers the varlen attention)
-from demo_core.memory_measure import SavedActivationMeter
+import demo_core.attention.varlen  # noqa: F401  (registers the varlen attention)
+from demo_core.memory.measure import SavedActivationMeter
 
 VOCAB = 384
 

@@ -18,9 +18,9 @@ import logging
 
 import torch
 
-from .collators import FlattenCollator, NaiveConcatCollator, RecordingCollator
-from .isolation import exclusive
-from .models import ModelSource, max_positions
+from demo_core.collators import FlattenCollator, NaiveConcatCollator, RecordingCollator
+from demo_core.training.isolation import exclusive
+from demo_core.models.sources import ModelSource, max_positions
 
 logger = logging.getLogger(__name__)
 

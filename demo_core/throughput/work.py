@@ -18,8 +18,8 @@ import dataclasses
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from .activation_probe import head_dim
-from .config import PER_SEGMENT_ATTENTION  # the others multiply a full (masked) score matrix
+from demo_core.memory.probe import head_dim
+from demo_core.config import PER_SEGMENT_ATTENTION  # the others multiply a full (masked) score matrix
 
 
 @dataclasses.dataclass(frozen=True)

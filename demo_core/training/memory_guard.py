@@ -38,15 +38,15 @@ from typing import TYPE_CHECKING, Sequence
 import psutil
 import torch
 
-from . import memory_estimate
-from .attention import VARLEN, bucket_shapes
-from .collators import CollatorSpec
-from .distributed import world_size
-from .errors import DemoInputError
+from demo_core.memory import estimate as memory_estimate
+from demo_core.attention.varlen import VARLEN, bucket_shapes
+from demo_core.collators import CollatorSpec
+from demo_core.training.distributed import world_size
+from demo_core.errors import DemoInputError
 
 if TYPE_CHECKING:
-    from .burst import BurstSettings
-    from .engine import Prepared
+    from demo_core.training.burst import BurstSettings
+    from demo_core.training.engine import Prepared
 
 MASK_CHECK_BYTES_PER_PAIR = 16  # attention.infer_pattern, per token pair inside a segment (measured 11-13)
 CPU_RUN_ALLOWANCE_BYTES = 500_000_000  # what a CPU run adds beyond its tensors (measured 0.1-0.5 GB)
@@ -229,7 +229,7 @@ def predict(prepared: Prepared, batch_size: int | None = None, max_length: int |
             available: int | None = None) -> RunMemory:
     """The run's predicted peak, at its own settings or at another global `batch_size` / `max_length` (examples per
     optimizer step over all processes and micro-batches)."""
-    from .engine import takes_turns  # the engine calls this module before it trains
+    from demo_core.training.engine import takes_turns  # the engine calls this module before it trains
 
     config = prepared.config
     # One forward at a time: with gradient accumulation, a micro-batch of the global batch per device.

@@ -10,14 +10,14 @@ import sys
 
 from presentation.report import format_report, text_table  # the CLI's words, as the page's: one presentation
 
-from . import distributed
-from .attention import capability_table
-from .cli_plan import add_plan_parser, run_plan
-from .config import RunConfig
-from .engine import run_comparison
-from .errors import DemoInputError
-from .results import write_json
-from .settings import add_arguments, from_arguments
+from demo_core.training import distributed
+from demo_core.attention.varlen import capability_table
+from commandline.plan import add_plan_parser, run_plan
+from demo_core.config import RunConfig
+from demo_core.training.engine import run_comparison
+from demo_core.errors import DemoInputError
+from demo_core.results import write_json
+from demo_core.settings import add_arguments, from_arguments
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,7 +49,7 @@ def _compare(args) -> None:
 
 
 def _capabilities(args) -> None:
-    from .models import load_model_source
+    from demo_core.models.sources import load_model_source
 
     configs = {name: load_model_source(name).config for name in args.models.split(",") if name}
     rows = [["model", "attention", "device", "works", "why"]]

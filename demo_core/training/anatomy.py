@@ -50,7 +50,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import TrainerCallback
 
-from .timing import MIN_TIMED_STEPS
+from demo_core.training.timing import MIN_TIMED_STEPS
 
 # Kineto prints two "USDT ... profiler_start/stop" lines to stderr per profile unless its log level is above them
 # (read when the profiler first starts); they would land in the CLI's output.

@@ -7,7 +7,7 @@ the same model on the same device and precision when the history has one (the me
 busy machine should not inflate every later estimate), else from the parameter count: 6 FLOPs per parameter per
 token for forward and backward (Kaplan et al. 2020, "Scaling laws", section 2.1) at a deliberately low sustained
 rate, plus a per-step overhead. The estimate only has to be roughly right: a run that outgrows it stops itself at
-its time budget (`demo_core.stop`).
+its time budget (`serving.stop`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import math
 import statistics
 from typing import Iterable
 
-from .engine import Prepared, padded_step_costs
-from .memory_estimate import param_facts
-from .timing import timed_step_indices
+from demo_core.training.engine import Prepared, padded_step_costs
+from demo_core.memory.estimate import param_facts
+from demo_core.training.timing import timed_step_indices
 
 # Assumptions, replaced by measured rates once the history has a run of the model on the device:
 # - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (a default `compare` run: ~14,000 padded slots/s at 0.59M

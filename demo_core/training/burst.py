@@ -22,19 +22,20 @@ from typing import Callable
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
-from . import memory_estimate, memory_measure
-from .anatomy import StepProfiler, profiled_steps
-from .collators import BatchStats, CollatorSpec
-from .distributed import merge_ranks, world_size
-from .isolation import RunStream
-from .memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
-from .lora_burst import with_lora
-from .models import ModelSource
-from .planner import per_device_estimate
-from .results import Result
-from .timing import Turns, TurnTaking
-from .trainers import BurstSettings, TrainingRows, build_trainer
-from .work import WorkModel, step_flops
+from demo_core.memory import estimate as memory_estimate
+from demo_core.memory import measure as memory_measure
+from demo_core.training.anatomy import StepProfiler, profiled_steps
+from demo_core.collators import BatchStats, CollatorSpec
+from demo_core.training.distributed import merge_ranks, world_size
+from demo_core.training.isolation import RunStream
+from demo_core.training.memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
+from demo_core.training.lora import with_lora
+from demo_core.models.sources import ModelSource
+from demo_core.memory.planner import per_device_estimate
+from demo_core.results import Result
+from demo_core.training.timing import Turns, TurnTaking
+from demo_core.training.trainers import BurstSettings, TrainingRows, build_trainer
+from demo_core.throughput.work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
 

@@ -24,9 +24,9 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import PretrainedConfig
 
-from .attention import model_class
-from .errors import DemoInputError
-from .results import Result
+from demo_core.attention.varlen import model_class
+from demo_core.errors import DemoInputError
+from demo_core.results import Result
 
 
 def world_size() -> int:

@@ -21,7 +21,7 @@ from typing import Iterable
 import torch
 from transformers import TrainerCallback
 
-from .isolation import RunStream
+from demo_core.training.isolation import RunStream
 
 # Fewer timed steps than this and a trimmed mean, a spread and a speedup mean little: the comparison reports none.
 MIN_TIMED_STEPS = 3

@@ -19,20 +19,23 @@ from typing import Callable, Iterable
 import torch
 import transformers
 
-from . import data, distributed, memory_guard, precision as precisions
-from .anatomy import initialize_profiler, profiled_steps
-from .attention import capability
-from .burst import BurstSettings, ProgressFn, release_memory, run_burst
-from .collators import CollatorSpec, collator_spec
-from .config import Limits, RunConfig
-from .contamination import contamination_check
-from .errors import DemoInputError
-from .lora_burst import check_lora_targets, check_qlora
-from .models import ModelSource, accepts_position_ids, load_model_source, max_positions
-from .preflight import exact_attention
-from .results import Comparison, Result
-from .timing import Turns, timed_step_indices, torch_threads
-from .trainers import TrainingRows
+from demo_core import precision as precisions
+from demo_core.data import loading as data
+from demo_core.training import distributed
+from demo_core.training import memory_guard
+from demo_core.training.anatomy import initialize_profiler, profiled_steps
+from demo_core.attention.varlen import capability
+from demo_core.training.burst import BurstSettings, ProgressFn, release_memory, run_burst
+from demo_core.collators import CollatorSpec, collator_spec
+from demo_core.config import Limits, RunConfig
+from demo_core.attention.contamination import contamination_check
+from demo_core.errors import DemoInputError
+from demo_core.training.lora import check_lora_targets, check_qlora
+from demo_core.models.sources import ModelSource, accepts_position_ids, load_model_source, max_positions
+from demo_core.attention.preflight import exact_attention
+from demo_core.results import Comparison, Result
+from demo_core.training.timing import Turns, timed_step_indices, torch_threads
+from demo_core.training.trainers import TrainingRows
 
 
 def resolve_device(requested: str) -> str:
@@ -218,7 +221,7 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
     """Numbers for the no-training views: length stats and the first examples as trained (`dataset_stats`), the
     first batch per collator, cost preview, the run's predicted peak memory (`memory_guard`) and time (`predicted`,
     from the seconds per slot of `earlier_runs`, documents of earlier runs, if any)."""
-    from .duration import predicted  # duration.py reads this module's step costs
+    from demo_core.throughput.duration import predicted  # duration.py reads this module's step costs
 
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples

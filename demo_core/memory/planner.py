@@ -2,7 +2,7 @@
 
 Every number comes from memory_estimate.py, the code path that estimates each burst: a preset with a run's settings
 gives that run's own estimate, byte for byte. The planner adds what a run here never does: configs of real models
-(shipped in model_configs/, or any hub id, its config.json alone), LoRA / QLoRA, 8-bit AdamW, Adafactor and pure bf16,
+(shipped in models/configs/, or any hub id, its config.json alone), LoRA / QLoRA, 8-bit AdamW, Adafactor and pure bf16,
 N GPUs with ZeRO / FSDP sharding, and the largest batch size and sequence length that fit.
 
 Three numbers per plan, each for what it predicts (memory_reserve.py):
@@ -41,24 +41,25 @@ from typing import Callable, Sequence
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from . import data, hub
-from .activation_probe import model_head
-from .attention import resolve_attention  # the engine's own attention choice
-from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES
-from .precision import ESTIMATE_PRECISION_NAMES
-from .errors import DemoInputError
-from .memory_estimate import (ADAPTER_DTYPE_NAMES, OPTIMIZER_IMPL_NAMES, StepPeak, StepShape, TrainingSettings,
+from demo_core.data import loading as data
+from demo_core.models import hub
+from demo_core.memory.probe import model_head
+from demo_core.attention.varlen import resolve_attention  # the engine's own attention choice
+from demo_core.config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES
+from demo_core.precision import ESTIMATE_PRECISION_NAMES
+from demo_core.errors import DemoInputError
+from demo_core.memory.estimate import (ADAPTER_DTYPE_NAMES, OPTIMIZER_IMPL_NAMES, StepPeak, StepShape, TrainingSettings,
                               estimate_memory_detail, live_by_moment, model_shape, param_facts, state_tensor_sizes)
-from .memory_reserve import CUDA_MODULE_LOADING_NAMES, DeviceMemory, Span, context_span, device_memory
-from .models import PRESETS, byte_tokenizer, max_positions
-from .settings import Widget, checked_values, setting
+from demo_core.memory.reserve import CUDA_MODULE_LOADING_NAMES, DeviceMemory, Span, context_span, device_memory
+from demo_core.models.sources import PRESETS, byte_tokenizer, max_positions
+from demo_core.settings import Widget, checked_values, setting
 
 GPU_SIZES_GB = (24, 40, 80, 141)  # RTX 4090 / L40S-class, A100 40GB, A100/H100 80GB, H200 (GiB, nominal)
 SHARDING_NAMES = ("none", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-shard")
 BASE_DTYPE_NAMES = ("auto", "fp32", "half")
 LOSS_NAMES = ("auto", "full", "chunked")
 OPTIMIZER_IMPL_CHOICES = ("auto",) + OPTIMIZER_IMPL_NAMES
-MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
+MODEL_CONFIG_DIR = Path(__file__).parents[1] / "models" / "configs"
 GIB = 2 ** 30  # bytes per GiB: GPU sizes and the context are given in GB, counted as GiB
 EQUAL_LENGTHS = "equal lengths"  # no length profile: every example `seq_length` tokens (the page's choice for it)
 FIT_BASIS = "device_used_bytes"  # what "fits", max_batch_size and max_seq_length are decided on (+ margin_bytes)
@@ -168,7 +169,7 @@ class PlanRequest:
 # ---- models -------------------------------------------------------------------------------------------------------
 
 def shipped_configs() -> dict[str, Path]:
-    """Config files shipped for real models (see model_configs/README.md), by short name."""
+    """Config files shipped for real models (see models/configs/README.md), by short name."""
     return {path.stem: path for path in sorted(MODEL_CONFIG_DIR.glob("*.json"))}
 
 
@@ -355,7 +356,7 @@ def measured_context_bytes() -> int | None:
     otherwise. A plan never initialises CUDA itself (a server may not own a GPU); the CLI does on a GPU machine."""
     import torch
 
-    from .memory_measure import device_memory_snapshot
+    from demo_core.memory.measure import device_memory_snapshot
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None

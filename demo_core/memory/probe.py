@@ -40,10 +40,10 @@ from transformers import (AttentionInterface, AutoModelForCausalLM, AutoModelFor
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.auto import modeling_auto
 
-from .isolation import exclusive
-from .lora import apply_lora
-from .memory_measure import storage_key
-from .precision import PRECISIONS
+from demo_core.training.isolation import exclusive
+from demo_core.models.lora import apply_lora
+from demo_core.memory.measure import storage_key
+from demo_core.precision import PRECISIONS
 
 # Config fields the probe shrinks when present as integers; every other field keeps its real value, so it is exact
 # by construction (only slower when large).

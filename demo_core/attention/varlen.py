@@ -41,8 +41,8 @@ from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedCon
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.utils import is_flash_attn_2_available
 
-from . import torch_varlen
-from .errors import DemoInputError
+from demo_core.attention import kernels as torch_varlen
+from demo_core.errors import DemoInputError
 
 VARLEN = "varlen"
 # A bucket takes every segment within 25% or 16 tokens of its longest: padding a bucket then costs at most

@@ -26,13 +26,13 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
 from trl import SFTConfig, SFTTrainer, pack_dataset
 
-from .collators import CollatorSpec, RecordingCollator
-from .distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
-from .precision import PRECISIONS
-from .schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
+from demo_core.collators import CollatorSpec, RecordingCollator
+from demo_core.training.distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
+from demo_core.precision import PRECISIONS
+from demo_core.data.schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
 
 if TYPE_CHECKING:
-    from .data import TokenizedDataset
+    from demo_core.data.loading import TokenizedDataset
 
 datasets.disable_progress_bars()  # packing a few hundred rows should not draw progress bars in the CLI's output
 # transformers 5.24 renamed TrainingArguments' `gradient_checkpointing` to `activation_checkpointing` (the old name

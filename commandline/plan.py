@@ -6,10 +6,10 @@ DemoInputError, which cli.py prints as one `error: ...` line with exit status 2,
 
 from __future__ import annotations
 
-from .memory_measure import CATEGORIES
-from .planner import GIB, PlanRequest, largest_fit_words, plan
-from .results import write_json
-from .settings import add_arguments, from_arguments
+from demo_core.memory.measure import CATEGORIES
+from demo_core.memory.planner import GIB, PlanRequest, largest_fit_words, plan
+from demo_core.results import write_json
+from demo_core.settings import add_arguments, from_arguments
 
 
 def add_plan_parser(commands) -> None:

@@ -24,7 +24,7 @@ from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValida
                                     RevisionNotFoundError)
 from huggingface_hub.utils import get_session, validate_repo_id
 
-from .errors import DemoInputError
+from demo_core.errors import DemoInputError
 
 # The hub answers a HEAD request in ~0.1-0.3 s from a connected machine; without a network the name lookup fails at
 # once (measured here) or, behind a resolver that does not answer, this bounds the wait.

@@ -25,13 +25,13 @@ import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 from transformers.pytorch_utils import Conv1D
 
-from .config import LORA_ALL_LINEAR
-from .errors import DemoInputError
-from .lora import is_lora_target
-from .memory_estimate import param_facts
+from demo_core.config import LORA_ALL_LINEAR
+from demo_core.errors import DemoInputError
+from demo_core.models.lora import is_lora_target
+from demo_core.memory.estimate import param_facts
 
 if TYPE_CHECKING:
-    from .burst import BurstSettings
+    from demo_core.training.burst import BurstSettings
 
 LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 x rank: a common choice, and the scaling lora.py's imitation computes
 

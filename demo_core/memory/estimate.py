@@ -36,11 +36,12 @@ from typing import Any, Sequence
 
 import torch
 
-from . import activation_probe, lora
-from .isolation import exclusive
-from .attention import bucket_shapes
-from .config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, PER_SEGMENT_ATTENTION
-from .precision import ESTIMATE_PRECISION_NAMES, PRECISIONS
+from demo_core.memory import probe as activation_probe
+from demo_core.models import lora
+from demo_core.training.isolation import exclusive
+from demo_core.attention.varlen import bucket_shapes
+from demo_core.config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, PER_SEGMENT_ATTENTION
+from demo_core.precision import ESTIMATE_PRECISION_NAMES, PRECISIONS
 
 _FP32_BYTES = 4
 _INT64_BYTES = 8

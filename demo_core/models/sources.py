@@ -22,9 +22,9 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.utils import logging as transformers_logging
 
-from . import hub
-from .errors import DemoInputError
-from .isolation import exclusive
+from demo_core.models import hub
+from demo_core.errors import DemoInputError
+from demo_core.training.isolation import exclusive
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
 # bury the CLI's one-line `error:` when that check refuses the model.
