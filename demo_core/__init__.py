@@ -17,7 +17,8 @@ from demo_core.training.anatomy import initialize_profiler
 from demo_core.collators import COLLATORS, CollatorSpec
 from demo_core.config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
 from demo_core.data.loading import BUILTIN_DATASETS
-from demo_core.training.engine import Prepared, prepare, preview, run_comparison
+from demo_core.training.engine import prepare, preview, run_comparison
+from demo_core.training.prepared import Prepared
 from demo_core.errors import DemoInputError
 from demo_core.memory.measure import CATEGORIES as MEMORY_CATEGORIES
 from demo_core.models.sources import PRESETS

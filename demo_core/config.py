@@ -15,7 +15,7 @@ from demo_core.data.loading import BUILTIN_DATASETS
 from demo_core.errors import DemoInputError
 from demo_core.models.sources import PRESETS
 from demo_core.precision import PRECISION_NAMES
-from demo_core.settings import Widget, checked_values, setting
+from demo_core.settings import Declaration, Widget, checked_values, setting
 
 ATTENTION_NAMES = ("auto", "varlen", "sdpa", "eager", "flash_attention_2")
 OPTIMIZER_NAMES = ("adamw", "sgd")
@@ -86,6 +86,29 @@ def parse_lora_targets(value: str | list[str] | tuple[str, ...]) -> tuple[str, .
     return names
 
 
+# ---- settings a run and its memory plan share (memory/plan_request.py places them too) ---------------------------
+ATTENTION = Declaration("auto", choices=ATTENTION_NAMES, shown="{} attention", speed=True,
+                        help="auto: flash-attn 2 or varlen (our per-example kernel) where they work on the device; or "
+                             "one path by name")
+SEED = Declaration(0, minimum=0, help="seed of the data's sample and order (and of a run's initial weights)")
+GRADIENT_CHECKPOINTING = Declaration(None, speed=True,
+                                     help="keep only each layer's input and recompute the layer in backward: less "
+                                          "memory, a slower step; auto: on for LoRA/QLoRA (as TRL's SFTTrainer), off "
+                                          "for a full fine-tune")
+LORA_RANK = Declaration(0, minimum=0, maximum=MAX_LORA_RANK, shown="LoRA rank {}", speed=True,
+                        help="train LoRA adapters of this rank through peft instead of every weight; 0: a full "
+                             "fine-tune")
+LORA_TARGETS = Declaration((LORA_ALL_LINEAR,), shown="LoRA on {}", speed=True,
+                           help="the modules LoRA adapts: module names (e.g. q_proj,v_proj) or all-linear (every "
+                                "linear layer but the output layer)")
+QLORA = Declaration(False, speed=True, help="LoRA on a 4-bit NF4 base (bitsandbytes; a run needs CUDA)")
+
+
+def resolved_checkpointing(requested: bool | None, lora_rank: int) -> bool:
+    """auto (None): on for LoRA/QLoRA, as TRL's SFTTrainer turns it on, off for a full fine-tune."""
+    return bool(lora_rank) if requested is None else requested
+
+
 def _collator_checkboxes() -> tuple[tuple[str, str], ...]:
     """The page's collator boxes: (the registry's label, the name)."""
     return tuple((spec.label, name) for name, spec in COLLATORS.items())
@@ -97,7 +120,7 @@ class RunConfig:
     provenance line are derived from these fields. `api` is the `/compare` and `/preview` positional order, a contract:
     0-10 below, 11 is the endpoints' `dataset_file` (serving/api_docs.py), and a new setting takes the next free one."""
 
-    model: str = setting("tiny-llama", builtins=lambda: tuple(PRESETS), api=0, page=Widget(1), shown="`{}`",
+    model: str = setting("tiny-llama", builtins=lambda: tuple(PRESETS), api=0, page=Widget(1), shown="`{}`", speed=True,
                          help="a preset (tiny-*: random weights, trains on a CPU), a hub id such as gpt2, or a local "
                               "folder")
     dataset: str = setting("flan-like", builtins=lambda: tuple(BUILTIN_DATASETS), api=1, page=Widget(2), shown="`{}`",
@@ -112,25 +135,21 @@ class RunConfig:
                                                 "timings)")
     batch_size: int = setting(8, minimum=1, maximum="max_batch_size", api=5, page=Widget(6), shown="batch {}",
                               help="examples per step (bfd and trl-bfd: packed rows)")
-    attention: str = setting("auto", choices=ATTENTION_NAMES, api=6, page=Widget(7, more=True), shown="{} attention",
-                             help="auto: flash-attn 2 or varlen (our per-example kernel) where they work; or one "
-                                  "path by name")
-    seed: int = setting(0, minimum=0, api=7, page=Widget(10, more=True),
-                        help="seed of the data order and of the initial weights")
+    attention: str = ATTENTION.placed(api=6, page=Widget(7, more=True))
+    seed: int = SEED.placed(api=7, page=Widget(10, more=True))
     max_length: int = setting(1024, minimum=2, maximum="max_length", api=8, page=Widget(11, more=True),
                               help="longer examples are truncated to this many tokens")
-    precision: str = setting("auto", choices=PRECISION_NAMES, api=9, page=Widget(8, more=True), shown="{}",
+    precision: str = setting("auto", choices=PRECISION_NAMES, api=9, page=Widget(8, more=True), shown="{}", speed=True,
                              help="auto: bf16 on a GPU that has it, else fp32; or one by name")
-    optimizer: str = setting("adamw", choices=OPTIMIZER_NAMES, api=10, page=Widget(9, more=True), shown="{}",
+    optimizer: str = setting("adamw", choices=OPTIMIZER_NAMES, api=10, page=Widget(9, more=True), shown="{}", speed=True,
                              help="the optimizer every collator trains with")
     learning_rate: float = setting(1e-3, api=17, page=Widget(17, more=True, row="optimizer"),
                                    help="the optimizer's constant learning rate (LoRA adapters usually train at 1e-4 "
                                         "to 1e-3)")
-    device: str = setting("auto", choices=DEVICE_NAMES, help="where to train: auto picks cuda when there is one")
-    gradient_checkpointing: bool = setting(False, api=16, page=Widget(16, more=True),
-                                           help="keep only each layer's input and recompute the layer in backward: "
-                                                "less memory, a slower step")
-    threads: int | None = setting(None, help="CPU threads for training (default 1 on a CPU: with more, every "
+    device: str = setting("auto", choices=DEVICE_NAMES, speed=True,
+                          help="where to train: auto picks cuda when there is one")
+    gradient_checkpointing: bool | None = GRADIENT_CHECKPOINTING.placed(api=16, page=Widget(16, more=True))
+    threads: int | None = setting(None, speed=True, help="CPU threads for training (default 1 on a CPU: with more, every "
                                              "parallel operator waits for a thread the OS gave to other work, and a "
                                              "shared machine's speedups swing 2x; on a dedicated machine, its core "
                                              "count)")
@@ -143,17 +162,12 @@ class RunConfig:
                               shown="{} micro-batches per step",
                               help="each optimizer step runs N micro-batches of batch size / N examples, its loss "
                                    "normalised by the trained tokens of all N (must divide the batch size)")
-    lora_rank: int = setting(0, minimum=0, maximum=MAX_LORA_RANK, api=14,
-                             page=Widget(14, kind="number", label="LoRA rank (0: full fine-tune)", more=True, row="lora"),
-                             shown="LoRA rank {}", help="train LoRA adapters of this rank through peft instead of "
-                                                        "every weight; 0: a full fine-tune")
-    lora_targets: tuple[str, ...] = setting((LORA_ALL_LINEAR,), api=15,
-                                            page=Widget(15, kind="text", label="LoRA targets", more=True, row="lora"),
-                                            shown="LoRA on {}",
-                                            help="the modules LoRA adapts: module names (e.g. q_proj,v_proj) or "
-                                                 "all-linear (every linear layer but the output layer)")
-    qlora: bool = setting(False, api=18, help="LoRA on a 4-bit NF4 base (bitsandbytes; CUDA only)")
-    fsdp: bool = setting(False, help="under torchrun / accelerate launch: shard weights, gradients and optimizer state "
+    lora_rank: int = LORA_RANK.placed(
+        api=14, page=Widget(14, kind="number", label="LoRA rank (0: full fine-tune)", more=True, row="lora"))
+    lora_targets: tuple[str, ...] = LORA_TARGETS.placed(
+        api=15, page=Widget(15, kind="text", label="LoRA targets", more=True, row="lora"))
+    qlora: bool = QLORA.placed(api=18)
+    fsdp: bool = setting(False, speed=True, help="under torchrun / accelerate launch: shard weights, gradients and optimizer state "
                                      "over the processes (FSDP2) instead of a full copy on each (DDP)")
 
     def validated(self, limits: Limits | None = None) -> "RunConfig":
@@ -179,6 +193,15 @@ class RunConfig:
         return dataclasses.replace(self, model=self.model.strip(), dataset=self.dataset.strip(),
                                    collators=parse_collators(self.collators),
                                    lora_targets=parse_lora_targets(self.lora_targets), **numbers)
+
+    def resolved(self, *, device: str, precision: str, attention: str, threads: int | None, loss_on: str
+                 ) -> "RunConfig":
+        """The run as it trains, every "auto" decided (engine.prepare decides them from the device, the model and
+        the data): the one configuration the bursts, their trainers and their memory estimate read, as TRL's
+        trainers read their `SFTConfig`."""
+        return dataclasses.replace(self, device=device, precision=precision, attention=attention, threads=threads,
+                                   loss_on=loss_on, gradient_checkpointing=resolved_checkpointing(
+                                       self.gradient_checkpointing, self.lora_rank))
 
     @property
     def micro_batch_size(self) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from demo_core.collators import BASELINE, collator_spec
 from demo_core.precision import PRECISIONS
-from demo_core.training.timing import MIN_TIMED_STEPS, log_half_spread, robust_summary, timed_step_indices
+from demo_core.step_statistics import MIN_TIMED_STEPS, log_half_spread, robust_summary, timed_step_indices
 
 
 @dataclasses.dataclass

@@ -51,7 +51,8 @@ class Widget:
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, choices: Choices = None, builtins: Choices = None,
             minimum: float | None = None, maximum: float | str | None = None, api: int | None = None,
-            page: Widget | None = None, shown: str | None = None, cli: bool = True):
+            page: Widget | None = None, shown: str | None = None, cli: bool = True, speed: bool = False,
+            declaration: "Declaration | None" = None):
     """A dataclass field that declares a setting (see the module's docstring).
 
     help: one line, shown as the CLI's help, the page's info and the API's description;
@@ -62,11 +63,34 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, choices: Choices =
     api: the setting's position in the `/compare` and `/preview` (or `/plan`) positional order, None: not in the API;
     page: how the page shows it, None: not on the page;
     shown: how the provenance line writes it, a format of the value ("{} samples"); default "<name in words> value";
-    cli: False keeps it off the command line.
+    cli: False keeps it off the command line;
+    speed: it changes how long a token slot takes to train (the model, the device, LoRA, checkpointing...): runs
+        compare their measured speed only with runs that agree on every such setting (`speed_key`);
+    declaration: the shared `Declaration` this field places (set by `Declaration.placed`).
     """
     metadata = {"help": help, "choices": choices, "builtins": builtins, "minimum": minimum, "maximum": maximum,
-                "api": api, "page": page, "shown": shown, "cli": cli}
+                "api": api, "page": page, "shown": shown, "cli": cli, "speed": speed, "declaration": declaration}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared by identity: two classes share a setting by sharing this
+class Declaration:
+    """A setting that a run (`RunConfig`) and a plan (`PlanRequest`) both take, declared once: its default, help,
+    range, choices and speed flag. Each class places it (its API position, its page widget) with `placed`, so the
+    two can never drift apart, and `shared_names` finds the settings a run hands its plan."""
+
+    default: Any
+    help: str
+    choices: Choices = None
+    minimum: float | None = None
+    maximum: float | str | None = None
+    shown: str | None = None
+    speed: bool = False
+
+    def placed(self, *, api: int | None = None, page: Widget | None = None, cli: bool = True):
+        return setting(self.default, help=self.help, choices=self.choices, minimum=self.minimum,
+                       maximum=self.maximum, shown=self.shown, speed=self.speed, api=api, page=page, cli=cli,
+                       declaration=self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +109,8 @@ class Setting:
     page: Widget | None = None
     shown: str | None = None
     cli: bool = True
+    speed: bool = False
+    declaration: Declaration | None = None
 
     @property
     def words(self) -> str:
@@ -114,9 +140,10 @@ class Setting:
         return tuple((self.builtins() if callable(self.builtins) else self.builtins) or ())
 
     def upper(self, limits=None) -> float | None:
-        """The largest allowed number: the declared one, or the `Limits` field it names."""
+        """The largest allowed number: the declared one, or the `Limits` field it names (None without limits: a plan
+        is bounded by the device it asks about, not by what one run here may take)."""
         if isinstance(self.maximum, str):
-            return getattr(limits, self.maximum)
+            return getattr(limits, self.maximum, None)
         return self.maximum
 
     def described(self) -> str:
@@ -135,6 +162,8 @@ class Setting:
         if self.shown is not None:
             return self.shown.format(value)
         if self.base is bool:
+            if value is None:
+                return f"{self.words} auto"
             return self.words if value else f"no {self.words}"
         return f"{self.words} {value}"
 
@@ -154,6 +183,18 @@ def declared(cls: type) -> tuple[Setting, ...]:
 
 def by_name(cls: type) -> dict[str, Setting]:
     return {item.name: item for item in declared(cls)}
+
+
+def shared_names(first: type, second: type) -> tuple[str, ...]:
+    """The settings both classes place from one `Declaration` (a run's that its memory plan takes as they are)."""
+    theirs = {item.name: item.declaration for item in declared(second) if item.declaration is not None}
+    return tuple(item.name for item in declared(first)
+                 if item.declaration is not None and theirs.get(item.name) is item.declaration)
+
+
+def speed_names(cls: type) -> tuple[str, ...]:
+    """The settings that change how long a token slot takes to train (declared with `speed=True`)."""
+    return tuple(item.name for item in declared(cls) if item.speed)
 
 
 def api_settings(cls: type) -> list[Setting]:
@@ -194,7 +235,13 @@ def as_float(name: str, value) -> float:
     return number
 
 
+# An optional switch ("auto" unless set) as the page's three-way choice writes it.
+SWITCH_WORDS = {"auto": None, "on": True, "off": False}
+
+
 def _checked(item: Setting, value, limits):
+    if item.base is bool and item.optional and isinstance(value, str) and value in SWITCH_WORDS:
+        return SWITCH_WORDS[value]
     if value is None and item.optional:
         return None
     if item.base is bool and not isinstance(value, bool):
@@ -220,7 +267,7 @@ def checked_values(instance, limits=None) -> dict[str, Any]:
     values = {}
     for item in declared(type(instance)):
         value = _checked(item, getattr(instance, item.name), limits)
-        if item.base in (int, float):
+        if item.base in (int, float) or item.base is bool and item.optional:
             values[item.name] = value
     return values
 

@@ -2,7 +2,7 @@
 
 The time plan (`plan`). ZeroGPU grants the worker the `duration` it asks for and kills it then: asking for too little
 loses the run, asking for more than the scheduler allows is refused, and a long request lowers the visitor's place
-in ZeroGPU's queue. So the request is the predicted time (`demo_core.throughput.duration`) times a safety factor, plus the
+in ZeroGPU's queue. So the request is the predicted time (`demo_core.training.duration`) times a safety factor, plus the
 worker's start, capped by the operator's `PACKING_LAB_MAX_RUN_S`; a run predicted not to fit under the cap is
 refused before anything starts, with the number of steps that would fit; and the run stops itself within its time
 budget (the duration less the worker's start), keeping what it has. Off ZeroGPU the cap, when set, is each run's
@@ -22,7 +22,7 @@ from typing import Iterator
 
 from demo_core import DemoInputError, Limits, Prepared
 from serving.history import RunHistory
-from demo_core.throughput import duration
+from demo_core.training import duration
 
 from serving import gpu
 from serving.sessions import Session
@@ -58,8 +58,8 @@ def plan(prepared: Prepared, history: RunHistory, limits: Limits, stop_marker,
          upload: Upload | None) -> gpu.TrainingJob:
     """The job for `gpu.train_on_gpu`, with its GPU duration and time budget; refuses a run that cannot fit."""
     config = prepared.config
-    measured = duration.measured_seconds_per_slot((entry.document for entry in history.entries()), config.model,
-                                                  prepared.device, prepared.precision)
+    measured = duration.measured_seconds_per_slot((entry.document for entry in history.entries()),
+                                                  duration.speed_key(prepared.document_config()))
     estimate = duration.estimate(prepared, measured)
     start_s = WORKER_START_S if gpu.ON_ZEROGPU else 0
     needed_s = start_s + SAFETY * estimate.total_s

@@ -207,8 +207,8 @@ def test_auto_on_cpu_picks_a_path_that_trains(preset, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(attention, "is_flash_attn_2_available", lambda: True)  # installed, but no GPU to run on
     prepared = prepare(RunConfig(model=preset, samples=4, batch_size=2, attention="auto", device="auto"))
-    assert (prepared.device, prepared.attention) == ("cpu", VARLEN)
-    model = prepared.source.build(prepared.attention, seed=0)
+    assert (prepared.resolved.device, prepared.resolved.attention) == ("cpu", VARLEN)
+    model = prepared.source.build(prepared.resolved.attention, seed=0)
     batch = make_collator("flatten", prepared.source.tokenizer)([{"input_ids": e} for e in prepared.dataset.examples])
     model(**batch, use_cache=False).loss.backward()
 

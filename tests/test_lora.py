@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from demo_core import DemoInputError, RunConfig, run_comparison
-from demo_core.training.burst import BurstSettings
+
 from commandline.main import main
 from demo_core.training.engine import prepare
 from demo_core.training.lora import check_qlora, with_lora
@@ -21,16 +21,13 @@ from demo_core.memory.planner import PlanRequest, load_config, per_device_estima
 SMALL = dict(dataset="flan-like", samples=24, steps=4, batch_size=4, lora_rank=8)
 STATES = ("weights", "gradients", "optimizer")
 
-
-def _settings(**fields) -> BurstSettings:
-    return BurstSettings(**{"steps": 1, "batch_size": 4, "max_length": 64, "learning_rate": 1e-3,
+def _settings(**fields) -> RunConfig:
+    return RunConfig(**{"steps": 1, "batch_size": 4, "max_length": 64, "learning_rate": 1e-3,
                             "optimizer": "adamw", "precision": "fp32", "device": "cpu", "seed": 0, "lora_rank": 4,
                             **fields})
 
-
 def _adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-
 
 def test_the_same_seed_gives_every_collator_the_same_base_and_adapters():
     source = load_model_source("tiny-llama")
@@ -45,7 +42,6 @@ def test_the_same_seed_gives_every_collator_the_same_base_and_adapters():
     first_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
     assert not torch.equal(adapters[first_a], _adapters(other_seed)[first_a])
 
-
 def test_lora_packing_gives_padded_losses_through_trainer_and_sfttrainer():
     comparison = run_comparison(RunConfig(model="tiny-llama", collators=("padded", "flatten", "trl-padding-free"),
                                           **SMALL)).to_dict()
@@ -56,7 +52,6 @@ def test_lora_packing_gives_padded_losses_through_trainer_and_sfttrainer():
         assert comparison["comparison"][collator]["max_abs_loss_diff_vs_padded"] < 1e-5, collator
     assert comparison["config"]["lora_rank"] == 8 and comparison["config"]["lora_targets"] == ["all-linear"]
 
-
 def _planned(run: RunConfig, collator: str, lengths: list[int], attention: str):
     """The planner's estimate for the batch a burst measured (its first), with the run's settings."""
     step = StepShape.padded(lengths) if collator == "padded" else StepShape.packed_row(lengths)
@@ -66,7 +61,6 @@ def _planned(run: RunConfig, collator: str, lengths: list[int], attention: str):
                           loss="full").validated()  # Trainer's collators: the model's own loss over full logits
     config = load_config(run.model)
     return per_device_estimate(config, step, training_settings(request, config))
-
 
 @pytest.mark.parametrize("model, attention, targets, optimizer, checkpointing", [
     ("tiny-llama", "varlen", ("all-linear",), "adamw", False),
@@ -91,10 +85,9 @@ def test_lora_burst_memory_matches_the_estimate_and_the_planner(model, attention
         assert memory["measured"]["gradients"] == 4 * adapter_params  # only the fp32 adapters train
         # to a few bytes, as full fine-tunes (a scalar or two the burst's meter sees around the loss)
         assert abs(memory["estimate"]["activations"] - memory["measured"]["activations"]) <= 8, result.collator
-        planned = _planned(run, result.collator, lengths, prepared.attention)
+        planned = _planned(run, result.collator, lengths, prepared.resolved.attention)
         assert planned.categories == memory["estimate"], result.collator  # one code path
         assert planned.trainable_params == adapter_params
-
 
 def test_lora_settings_are_checked_before_anything_trains():
     with pytest.raises(DemoInputError, match="lora target 'nope' names no linear layer of tiny-llama; choose from: "
@@ -106,7 +99,6 @@ def test_lora_settings_are_checked_before_anything_trains():
         RunConfig(lora_rank=4, lora_targets="all-linear,q_proj").validated()
     assert RunConfig(lora_rank="16", lora_targets=" q_proj, v_proj ").validated().lora_targets == ("q_proj", "v_proj")
 
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a CUDA GPU")
 def test_qlora_without_a_gpu_is_refused_with_the_reason(capsys):
     assert main(["compare", "--lora-rank", "8", "--qlora", "--samples", "8"]) == 2
@@ -114,12 +106,10 @@ def test_qlora_without_a_gpu_is_refused_with_the_reason(capsys):
     assert len(error) == 1 and "QLoRA quantizes the base model to 4 bits with bitsandbytes, which needs a CUDA " \
                                "GPU" in error[0], error
 
-
 def test_qlora_on_a_gpu_without_bitsandbytes_says_what_to_install(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # a CUDA machine without bitsandbytes
     with pytest.raises(DemoInputError, match="pip install -r requirements-gpu.txt"):
         check_qlora("cuda")
-
 
 @pytest.mark.parametrize("args, message", [
     (["--lora-rank", "-1"], "lora rank must be between 0 and 1024"),
@@ -130,7 +120,6 @@ def test_bad_lora_flags_are_one_line_and_exit_2(capsys, args, message):
     assert main(["compare", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
-
 
 def test_cli_trains_lora_with_checkpointing_and_a_learning_rate(tmp_path, capsys):
     out = tmp_path / "lora.json"

@@ -31,7 +31,7 @@ def _planned(run: RunConfig, collator: str):
     lengths = [len(ids) for ids in prepared.dataset.examples[: run.batch_size]]
     step = StepShape.padded(lengths) if collator == "padded" else StepShape.packed_row(lengths)
     request = PlanRequest(model=run.model, precision=run.precision, optimizer=run.optimizer,
-                          attention=prepared.attention, gradient_checkpointing=run.gradient_checkpointing,
+                          attention=prepared.resolved.attention, gradient_checkpointing=run.gradient_checkpointing,
                           device="cpu").validated()
     config = load_config(run.model)
     return per_device_estimate(config, step, training_settings(request, config))

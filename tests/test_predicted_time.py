@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from demo_core import RunConfig, prepare, preview
-from demo_core.throughput.duration import slots_per_step
+from demo_core.training.duration import slots_per_step
 
 RUN = dict(model="tiny-llama", dataset="flan-like", samples=32, steps=10, batch_size=4,
            collators=("padded", "flatten"))
 
 
 def _earlier_run(seconds_per_slot: float, **config) -> dict:
-    """An earlier run's document as the history keeps it: 6 steps of 1,000 slots each."""
-    return {"config": {"model": "tiny-llama", "resolved_device": "cpu", "resolved_precision": "fp32", **config},
+    """An earlier run's document as the history keeps it (its config as a run of `config` records it): 6 steps of
+    1,000 slots each."""
+    return {"config": prepare(RunConfig(**{**RUN, **config})).document_config(),
             "results": [{"step_times_s": [1000 * seconds_per_slot] * 6, "step_padded_slots": [1000] * 6,
                          "profiled_step": 2}]}
 
@@ -33,12 +34,23 @@ def test_preview_predicts_the_run_time_from_the_parameters_then_from_earlier_run
     assert known["long"] is (known["duration_s"] > known["long_after_s"])
 
 
-def test_a_lora_run_is_not_predicted_from_full_fine_tunes():
-    prepared = prepare(RunConfig(**RUN, lora_rank=8))
+@pytest.mark.parametrize("change", [dict(lora_rank=8), dict(lora_rank=8, gradient_checkpointing=False),
+                                    dict(gradient_checkpointing=True), dict(optimizer="sgd"), dict(attention="sdpa")])
+def test_a_run_is_predicted_only_from_runs_that_train_the_same_way(change):
+    prepared = prepare(RunConfig(**RUN, **change))
     predicted = preview(prepared, earlier_runs=[_earlier_run(2e-4)])["predicted"]
     assert predicted["basis"] == "parameters"
-    predicted = preview(prepared, earlier_runs=[_earlier_run(2e-4, lora_rank=8)])["predicted"]
+    predicted = preview(prepared, earlier_runs=[_earlier_run(2e-4, **change)])["predicted"]
     assert predicted["basis"] == "history"
+
+
+def test_a_document_saved_before_a_speed_setting_existed_counts_at_its_default():
+    prepared = prepare(RunConfig(**RUN))
+    old = _earlier_run(2e-4)
+    for name in ("resolved_gradient_checkpointing", "qlora", "fsdp", "lora_targets"):
+        del old["config"][name]
+    old["config"]["gradient_checkpointing"] = False  # a bool before "auto" existed
+    assert preview(prepared, earlier_runs=[old])["predicted"]["basis"] == "history"
 
 
 def test_a_long_run_is_flagged_long():

@@ -7,7 +7,8 @@ import torch
 
 from demo_core.models.sources import load_model_source
 from demo_core.results import Result, compare
-from demo_core.training.timing import Turns, interquartile_mean, timed_step_indices, weighted_quantile
+from demo_core.training.turns import Turns
+from demo_core.step_statistics import interquartile_mean, timed_step_indices, weighted_quantile
 from demo_core.throughput.work import WorkModel, step_flops
 
 
@@ -146,7 +147,7 @@ def test_turns_alternate_threads_step_by_step_and_survive_one_leaving_early():
 
 
 def test_torch_threads_are_restored_after_the_block():
-    from demo_core.training.timing import torch_threads
+    from demo_core.training.turns import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(1):

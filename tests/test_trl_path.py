@@ -7,7 +7,7 @@ batches through different code (TRL's collator and trainer vs transformers' coll
 import pytest
 
 from demo_core import RunConfig, preview, run_comparison
-from demo_core.training.burst import BurstSettings
+
 from demo_core.collators import COLLATORS
 from demo_core.training.trainers import sft_config
 
@@ -50,7 +50,7 @@ def test_trl_results_report_every_metric_a_burst_does(document):
 
 @pytest.mark.parametrize("checkpointing, loss_on", [(False, "completion"), (True, "assistant")])
 def test_sft_config_follows_the_run_not_trl_defaults(tmp_path, checkpointing, loss_on):
-    settings = BurstSettings(steps=1, batch_size=4, max_length=128, learning_rate=1e-3, optimizer="adamw",
+    settings = RunConfig(steps=1, batch_size=4, max_length=128, learning_rate=1e-3, optimizer="adamw",
                              precision="fp32", device="cpu", seed=0, gradient_checkpointing=checkpointing,
                              grad_accum=2, loss_on=loss_on)
     padding_free = sft_config(COLLATORS["trl-padding-free"], str(tmp_path), settings)

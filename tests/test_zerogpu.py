@@ -192,10 +192,12 @@ def test_a_run_predicted_past_the_cap_is_refused_with_the_steps_that_fit(lab_app
 
 def test_the_time_plan_learns_from_timed_steps_only():
     # Step 1 (warm-up) and the profiled step 2 are slow on purpose; the rate comes from the steps throughput counts.
-    from demo_core.throughput import duration
+    from demo_core.training import duration
 
     result = {"step_times_s": [9.0, 5.0, 0.1, 0.1, 0.1], "step_padded_slots": [100] * 5, "profiled_step": 2}
-    document = {"config": {"model": "tiny-llama", "resolved_device": "cpu", "resolved_precision": "fp32"},
-                "results": [result]}
-    assert duration.measured_seconds_per_slot([document], "tiny-llama", "cpu", "fp32") == pytest.approx(0.001)
-    assert duration.measured_seconds_per_slot([document], "tiny-llama", "cuda", "fp32") is None  # other device
+    config = demo_core.prepare(demo_core.RunConfig(samples=16)).document_config()
+    document = {"config": config, "results": [result]}
+    here = duration.speed_key(config)
+    assert duration.measured_seconds_per_slot([document], here) == pytest.approx(0.001)
+    elsewhere = duration.speed_key({**config, "resolved_device": "cuda"})
+    assert duration.measured_seconds_per_slot([document], elsewhere) is None  # other device

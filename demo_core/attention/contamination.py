@@ -19,7 +19,7 @@ import logging
 import torch
 
 from demo_core.collators import FlattenCollator, NaiveConcatCollator, RecordingCollator
-from demo_core.training.isolation import exclusive
+from demo_core.isolation import exclusive
 from demo_core.models.sources import ModelSource, max_positions
 
 logger = logging.getLogger(__name__)

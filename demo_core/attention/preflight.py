@@ -21,7 +21,7 @@ from transformers.utils import logging as transformers_logging
 from demo_core.attention import varlen as attention_paths
 from demo_core.collators import FlattenCollator, PaddedCollator, collator_spec
 from demo_core.errors import DemoInputError
-from demo_core.training.isolation import exclusive
+from demo_core.isolation import exclusive
 from demo_core.models.sources import ModelSource
 
 # The batch each checked layout feeds the model (the registry's `layout`; "naive" is inexact by design, unchecked).

@@ -38,7 +38,7 @@ import torch
 
 from demo_core.memory import probe as activation_probe
 from demo_core.models import lora
-from demo_core.training.isolation import exclusive
+from demo_core.isolation import exclusive
 from demo_core.attention.varlen import bucket_shapes
 from demo_core.config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, PER_SEGMENT_ATTENTION
 from demo_core.precision import ESTIMATE_PRECISION_NAMES, PRECISIONS

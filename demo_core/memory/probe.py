@@ -40,7 +40,7 @@ from transformers import (AttentionInterface, AutoModelForCausalLM, AutoModelFor
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.auto import modeling_auto
 
-from demo_core.training.isolation import exclusive
+from demo_core.isolation import exclusive
 from demo_core.models.lora import apply_lora
 from demo_core.memory.measure import storage_key
 from demo_core.precision import PRECISIONS

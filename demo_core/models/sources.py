@@ -24,7 +24,7 @@ from transformers.utils import logging as transformers_logging
 
 from demo_core.models import hub
 from demo_core.errors import DemoInputError
-from demo_core.training.isolation import exclusive
+from demo_core.isolation import exclusive
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
 # bury the CLI's one-line `error:` when that check refuses the model.

@@ -50,7 +50,6 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import TrainerCallback
 
-from demo_core.training.timing import MIN_TIMED_STEPS
 
 # Kineto prints two "USDT ... profiler_start/stop" lines to stderr per profile unless its log level is above them
 # (read when the profiler first starts); they would land in the CLI's output.
@@ -58,9 +57,6 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 logger = logging.getLogger(__name__)
 
-FIRST_PROFILED_STEP = 2  # step 1 is the warm-up; the first profiled step is the next one
-PROFILE_EVERY = 4  # then steps 6, 10, 14, 18: spread over the burst, three timed steps between two profiled ones
-MAX_PROFILED_STEPS = 5  # a median of five shrugs off two steps slowed by other work
 PHASES = ("forward", "backward", "optimizer", "data", "other")
 OP_CLASSES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "data", "other")
 # When the centre cannot be trusted. A share's median absolute deviation over the profiled steps above this: the
@@ -70,17 +66,6 @@ OP_CLASSES = ("matmul", "attention", "normalization", "elementwise", "optimizer"
 # again); tiny CPU models measured 1.2-1.7 on an idle machine. Outside the band, other work stalled one phase.
 SPREAD_DOUBT = 0.05
 PLAUSIBLE_BACKWARD_OVER_FORWARD = (0.75, 4.0)
-
-
-def profiled_steps(steps: int) -> list[int]:
-    """The 1-based steps a burst of `steps` steps profiles (see the module docstring)."""
-    chosen: list[int] = []
-    for step in range(FIRST_PROFILED_STEP, steps + 1, PROFILE_EVERY):
-        timed_left = steps - 1 - (len(chosen) + 1)
-        if len(chosen) == MAX_PROFILED_STEPS or (chosen and timed_left < MIN_TIMED_STEPS):
-            break
-        chosen.append(step)
-    return chosen
 
 
 def backward_over_forward(anatomy: dict) -> float | None:

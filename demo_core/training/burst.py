@@ -24,17 +24,19 @@ from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from demo_core.memory import estimate as memory_estimate
 from demo_core.memory import measure as memory_measure
-from demo_core.training.anatomy import StepProfiler, profiled_steps
+from demo_core.training.anatomy import StepProfiler
+from demo_core.step_statistics import profiled_steps
 from demo_core.collators import BatchStats, CollatorSpec
+from demo_core.config import RunConfig
 from demo_core.training.distributed import merge_ranks, world_size
-from demo_core.training.isolation import RunStream
+from demo_core.isolation import RunStream
 from demo_core.training.memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
 from demo_core.training.lora import with_lora
 from demo_core.models.sources import ModelSource
 from demo_core.memory.planner import per_device_estimate
 from demo_core.results import Result
-from demo_core.training.timing import Turns, TurnTaking
-from demo_core.training.trainers import BurstSettings, TrainingRows, build_trainer
+from demo_core.training.turns import Turns, TurnTaking
+from demo_core.training.trainers import TrainingRows, build_trainer
 from demo_core.throughput.work import WorkModel, step_flops
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
@@ -128,7 +130,7 @@ class MemoryRecorder(TrainerCallback):
 
 
 def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch: BatchStats, spec: CollatorSpec,
-                    attention: str, settings: BurstSettings) -> tuple[dict, int | None]:
+                    run: RunConfig) -> tuple[dict, int | None]:
     """(the result's `memory` report, peak bytes) for the batch that step 1 measured (its first micro-batch).
 
     Under FSDP the estimate is the planner's for this many processes (`plan --gpus N --shard fsdp`): this process's
@@ -136,21 +138,21 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     """
     measured = recorder.measured or {}
     step = step_shape(spec, first_batch.micro_lengths[0])
-    training = burst_memory_settings(spec, attention, settings, context_bytes=measured.get("context"))
+    training = burst_memory_settings(spec, run, context_bytes=measured.get("context"))
     unsharded = memory_estimate.estimate_memory_detail(source.config, step, training)
-    estimate = per_device_estimate(source.config, step, training, world_size(), "fsdp") if settings.fsdp else unsharded
+    estimate = per_device_estimate(source.config, step, training, world_size(), "fsdp") if run.fsdp else unsharded
     # A CPU process has no allocator peak to read (RSS only grows): there the peak is the live tensors at the end of
     # the forward, when saved activations peak, as measured (memory_measure.PEAK_KINDS says so in words).
-    peak_bytes, peak_moment, at_peak = memory_measure.measured_peak(settings.device, measured, recorder.peaks)
+    peak_bytes, peak_moment, at_peak = memory_measure.measured_peak(run.device, measured, recorder.peaks)
     report = memory_measure.memory_report(estimate.categories, measured, peak_bytes, peak_moment)
-    report["peak_kind"] = memory_measure.PEAK_KINDS[settings.device]
+    report["peak_kind"] = memory_measure.PEAK_KINDS[run.device]
     report["measured_at_peak"] = at_peak
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
     report["estimated_at_peak"] = memory_estimate.live_by_moment(estimate.categories,
                                                                  estimate.temporary_terms)[estimate.peak_moment]
     report["phase_peaks"] = dict(recorder.peaks.peaks)
-    if settings.fsdp:
+    if run.fsdp:
         report["shard"] = "fsdp"
         report["unsharded_estimate"] = unsharded.categories
     return report, peak_bytes
@@ -174,7 +176,7 @@ def _train(trainer: Trainer, profiler: StepProfiler) -> str | None:
 
 
 def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecorder, memory_recorder: MemoryRecorder,
-                     profiler: StepProfiler, spec: CollatorSpec, attention: str, settings: BurstSettings) -> Result:
+                     profiler: StepProfiler, spec: CollatorSpec, run: RunConfig) -> Result:
     """Trains, then turns what the callbacks recorded into this rank's `Result` (partial, with a `stop_reason`, when
     memory ran out mid-burst)."""
     trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics dict to stdout
@@ -183,13 +185,13 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
     # The batch step 1 trained on, or the one it ran out of memory on (still pending in the collator).
     first_batch = recorder.batches[0] if recorder.batches else next(iter(recorder.collator.pending_stats), None)
     memory_report, peak_memory_bytes = ({}, None) if first_batch is None else \
-        memory_of_burst(source, memory_recorder, first_batch, spec, attention, settings)
+        memory_of_burst(source, memory_recorder, first_batch, spec, run)
     work = WorkModel.of(trainer.model)
     return Result(
         collator=spec.name,
-        attention=attention,
-        device=settings.device,
-        precision=settings.precision,
+        attention=run.attention,
+        device=run.device,
+        precision=run.precision,
         steps=steps_done,
         losses=trainer.step_losses[:steps_done],
         step_times_s=recorder.step_times_s,
@@ -203,7 +205,7 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         memory=memory_report,
         partial=recorder.stopped_early or out_of_memory is not None,
         world_size=trainer.args.world_size,
-        step_work_flops=[sum(step_flops(work, lengths, spec.layout, attention) for lengths in b.micro_lengths)
+        step_work_flops=[sum(step_flops(work, lengths, spec.layout, run.attention) for lengths in b.micro_lengths)
                          for b in recorder.batches],
         profiled_step=profiler.profiled[0] if profiler.profiled else None,
         time_anatomy=profiler.anatomy,
@@ -237,8 +239,7 @@ def release_memory() -> None:
         trim(0)
 
 
-def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, attention: str,
-              settings: BurstSettings, progress: ProgressFn | None = None,
+def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, run: RunConfig, progress: ProgressFn | None = None,
               stop_event: threading.Event | None = None, turns: Turns | None = None) -> Result:
     """One collator's burst on a fresh model seeded like every other collator's, through the trainer its spec names.
 
@@ -247,26 +248,26 @@ def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atten
     after another, once after all of them when they take turns (all their models are alive together anyway, and
     gc plus malloc_trim cost ~0.25 s a burst, paid one after another while the run ends).
     """
-    stream = RunStream(settings.seed, settings.threads)
+    stream = RunStream(run.seed, run.threads)
     with stream.holding():
-        result = _run_burst(source, rows, spec, attention, settings, progress, stop_event, turns, stream)
+        result = _run_burst(source, rows, spec, run, progress, stop_event, turns, stream)
     return merge_ranks(result)
 
 
-def _run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, attention: str, settings: BurstSettings,
+def _run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, run: RunConfig,
                progress: ProgressFn | None, stop_event: threading.Event | None, turns: Turns | None,
                stream: RunStream) -> Result:
-    model = source.build(attention, torch.float32, seed=settings.seed)
+    model = source.build(run.attention, torch.float32, seed=run.seed)
     # transformers turns packing detection (from position_ids) off when a cache is in use, and `use_cache` defaults
     # to True even in train mode: without this a packed batch would attend across examples.
     model.config.use_cache = False
-    if settings.lora_rank:
-        model = with_lora(model, settings)
+    if run.lora_rank:
+        model = with_lora(model, run)
     with tempfile.TemporaryDirectory(prefix="packing-lab-") as output_dir:
-        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, settings, output_dir)
-        recorder = StepRecorder(collator, settings.device, settings.steps, spec.name, progress)
-        memory_recorder = MemoryRecorder(model, settings.device)
-        profiler = StepProfiler(model, settings.device, profiled_steps(settings.steps))
+        trainer, collator = build_trainer(spec, model, source.tokenizer, rows, run, output_dir)
+        recorder = StepRecorder(collator, run.device, run.steps, spec.name, progress)
+        memory_recorder = MemoryRecorder(model, run.device)
+        profiler = StepProfiler(model, run.device, profiled_steps(run.steps))
         # Order matters: every measurement of a step closes before the burst steps aside (and hands the turn on),
         # a profiled window opens only once both are back (see StepProfiler), and a stop is read last, so that a
         # burst that waited for its turn while Stop came ends there instead of taking one more step.
@@ -274,6 +275,6 @@ def _run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, atte
                          profiler.opener, *([StopBetweenSteps(recorder, stop_event)] if stop_event is not None else [])):
             trainer.add_callback(callback)
         try:
-            return train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, attention, settings)
+            return train_and_record(trainer, source, recorder, memory_recorder, profiler, spec, run)
         finally:
             profiler.abandon()

@@ -10,32 +10,31 @@ same initial weights. Both also accept a `RunConfig` and prepare it themselves.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import platform
 import threading
 from typing import Callable, Iterable
 
 import torch
-import transformers
 
 from demo_core import precision as precisions
 from demo_core.data import loading as data
 from demo_core.training import distributed
 from demo_core.training import memory_guard
-from demo_core.training.anatomy import initialize_profiler, profiled_steps
+from demo_core.training.anatomy import initialize_profiler
 from demo_core.attention.varlen import capability
-from demo_core.training.burst import BurstSettings, ProgressFn, release_memory, run_burst
+from demo_core.training.burst import ProgressFn, release_memory, run_burst
 from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import Limits, RunConfig
 from demo_core.attention.contamination import contamination_check
 from demo_core.errors import DemoInputError
 from demo_core.training.lora import check_lora_targets, check_qlora
-from demo_core.models.sources import ModelSource, accepts_position_ids, load_model_source, max_positions
+from demo_core.models.sources import accepts_position_ids, load_model_source, max_positions
 from demo_core.attention.preflight import exact_attention
 from demo_core.results import Comparison, Result
-from demo_core.training.timing import Turns, timed_step_indices, torch_threads
-from demo_core.training.trainers import TrainingRows
+from demo_core.training.turns import Turns, takes_turns, torch_threads
+from demo_core.training.prepared import Prepared
+from demo_core.training.duration import predicted
+from demo_core.throughput.work import ideal_speedup, padded_step_costs
 
 
 def resolve_device(requested: str) -> str:
@@ -55,94 +54,6 @@ def resolve_threads(requested: int | None, device: str) -> int | None:
     2.73x / 1.87x with torch's 2 threads, and 2.30x / 2.11x / 2.05x with one, minutes apart.
     """
     return 1 if requested is None and device == "cpu" else requested
-
-
-def padded_step_costs(examples: list[list[int]], batch_size: int, steps: int, grad_accum: int = 1,
-                      world_size: int = 1) -> list[tuple[int, int]]:
-    """(real tokens, padded slots) per optimizer step for padding to the batch's longest, batching as the Trainer
-    does: in order, epoch after epoch, each device's micro-batch of batch_size / (grad_accum x world_size) examples
-    padded to its own longest, the last micro-batch of an epoch holding what is left (no wrap-around into the next)
-    and the last step of an epoch the micro-batches left. Under DDP each step's micro-batch is world_size
-    consecutive shares, one per rank."""
-    share = batch_size // (grad_accum * world_size)
-    chunks = [examples[start:start + share] for start in range(0, len(examples), share)]
-    costs = [(sum(len(ids) for ids in chunk), len(chunk) * max(len(ids) for ids in chunk)) for chunk in chunks]
-    micro_batches = [costs[start:start + world_size] for start in range(0, len(costs), world_size)]
-    epoch = [micro_batches[start:start + grad_accum] for start in range(0, len(micro_batches), grad_accum)]
-    return [tuple(sum(cost[part] for micro_batch in step for cost in micro_batch) for part in (0, 1))
-            for step in (epoch[index % len(epoch)] for index in range(steps))]
-
-
-def ideal_speedup(examples: list[list[int]], batch_size: int, steps: int, world_size: int = 1,
-                  profiled: list[int] | None = None, grad_accum: int = 1) -> float:
-    """Padded slots / real tokens over the timed steps (all steps when none is timed): the speedup if step time
-    were proportional to slots. `profiled`: the 1-based steps left out as profiled (None: the bursts' own,
-    anatomy.profiled_steps).
-
-    Under DDP each rank pads only its own share of each micro-batch (consecutive shares of the global batch).
-    """
-    costs = padded_step_costs(examples, batch_size, steps, grad_accum, world_size)
-    profiled = profiled_steps(steps) if profiled is None else profiled
-    timed = [costs[index] for index in timed_step_indices(steps, profiled)] or costs
-    return sum(slots for _, slots in timed) / sum(real for real, _ in timed)
-
-
-@dataclasses.dataclass
-class Prepared:
-    """A validated run, its model source and its tokenized data: what preview, training and the page share."""
-
-    config: RunConfig
-    source: ModelSource
-    dataset: data.TokenizedDataset
-    device: str
-    precision: str
-    attention: str
-    threads: int | None
-
-    @property
-    def specs(self) -> list[CollatorSpec]:
-        return [collator_spec(name) for name in self.config.collators]
-
-    @property
-    def examples(self) -> list[list[int]]:
-        return self.dataset.examples
-
-    @functools.cached_property
-    def rows(self) -> TrainingRows:
-        return TrainingRows(self.dataset, self.config.max_length)
-
-    @functools.cached_property
-    def ideal_speedup(self) -> float:
-        return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size(),
-                             grad_accum=self.config.grad_accum)
-
-    def burst_settings(self) -> BurstSettings:
-        config = self.config
-        return BurstSettings(
-            steps=config.steps, batch_size=config.batch_size, max_length=config.max_length,
-            learning_rate=config.learning_rate, optimizer=config.optimizer, precision=self.precision,
-            device=self.device, seed=config.seed, gradient_checkpointing=config.gradient_checkpointing,
-            threads=self.threads, grad_accum=config.grad_accum, loss_on=self.dataset.loss_on,
-            fsdp=config.fsdp,
-            lora_rank=config.lora_rank, lora_targets=config.lora_targets, qlora=config.qlora,
-        )
-
-    def comparison(self, results: list[Result], contamination: list[dict] | None = None,
-                   contamination_not_checked: str | None = None, memory: dict | None = None) -> Comparison:
-        """The run's document so far: partial while a collator is missing or was stopped mid-burst."""
-        return Comparison(
-            config={**self.config.to_dict(), "resolved_attention": self.attention, "resolved_device": self.device,
-                    "resolved_precision": self.precision, "resolved_threads": self.threads,
-                    "resolved_loss_on": self.dataset.loss_on},
-            dataset_stats=self.dataset.stats_dict(),
-            results=list(results),
-            ideal_speedup=self.ideal_speedup,
-            contamination=contamination or [],
-            environment=environment(self.device),
-            partial=any(result.partial for result in results) or len(results) < len(self.config.collators),
-            contamination_not_checked=contamination_not_checked,
-            memory_guard=memory,
-        )
 
 
 def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str | os.PathLike | None = None) -> Prepared:
@@ -176,19 +87,13 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     if config.batch_size > len(dataset.examples):
         dataset.notes.append(f"batch size {config.batch_size} is more than the {len(dataset.examples)} examples: "
                              f"every step trains on all {len(dataset.examples)}")
-    return Prepared(config, source, dataset, device, precision, attention, resolve_threads(config.threads, device))
+    resolved = config.resolved(device=device, precision=precision, attention=attention,
+                               threads=resolve_threads(config.threads, device), loss_on=dataset.loss_on)
+    return Prepared(config, resolved, source, dataset)
 
 
 def _prepared(run: RunConfig | Prepared, limits: Limits | None) -> Prepared:
     return run if isinstance(run, Prepared) else prepare(run, limits)
-
-
-def environment(device: str) -> dict:
-    info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "device": device, "cpu_threads": torch.get_num_threads(), "world_size": distributed.world_size()}
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
 
 
 def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
@@ -221,8 +126,6 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
     """Numbers for the no-training views: length stats and the first examples as trained (`dataset_stats`), the
     first batch per collator, cost preview, the run's predicted peak memory (`memory_guard`) and time (`predicted`,
     from the seconds per slot of `earlier_runs`, documents of earlier runs, if any)."""
-    from demo_core.throughput.duration import predicted  # duration.py reads this module's step costs
-
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples
     lengths = [len(ids) for ids in examples[: config.micro_batch_size]]
@@ -231,9 +134,9 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
         "config": config.to_dict(),
         "dataset_stats": prepared.dataset.stats_dict(),
         "lengths": [len(ids) for ids in examples],
-        "attention": prepared.attention,
-        "attention_why": capability(prepared.source.config, prepared.attention, prepared.device)[1],
-        "device": prepared.device,
+        "attention": prepared.resolved.attention,
+        "attention_why": capability(prepared.source.config, prepared.resolved.attention, prepared.resolved.device)[1],
+        "device": prepared.resolved.device,
         "batches": {spec.name: _first_batch(prepared, spec) for spec in prepared.specs},
         "cost": {
             "pad_fraction": 1.0 - sum(r for r, _ in padded_costs) / sum(s for _, s in padded_costs),
@@ -252,15 +155,14 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
     }
 
 
-def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: BurstSettings,
+def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec,
                               progress: ProgressFn | None, stop_event: threading.Event | None,
                               turns: Turns | None = None) -> Result:
     """A burst that runs out of memory outside its training steps (building the model, moving it to the device)
     becomes a user message; the memory is released for the next run. Running out in a step ends the burst as a
     partial result instead (burst.py)."""
     try:
-        return run_burst(prepared.source, prepared.rows, spec, prepared.attention, settings, progress, stop_event,
-                         turns)
+        return run_burst(prepared.source, prepared.rows, spec, prepared.resolved, progress, stop_event, turns)
     except (RuntimeError, MemoryError) as error:
         if not memory_guard.is_out_of_memory(error):
             raise
@@ -268,8 +170,8 @@ def _run_burst_or_explain_oom(prepared: Prepared, spec: CollatorSpec, settings: 
         # leave the except block first, so the traceback (and the tensors its frames hold) can be freed
     release_memory()
     raise DemoInputError(
-        f"out of {where} while training {spec.name!r} (batch size {settings.batch_size}, max length "
-        f"{settings.max_length}, {prepared.config.model}): try a smaller batch size or max length"
+        f"out of {where} while training {spec.name!r} (batch size {prepared.config.batch_size}, max length "
+        f"{prepared.config.max_length}, {prepared.config.model}): try a smaller batch size or max length"
     )
 
 
@@ -281,34 +183,26 @@ def run_comparison(run: RunConfig | Prepared, limits: Limits | None = None, prog
     initialize_profiler()  # from the caller's thread, before any burst profiles in its own
     prepared = _prepared(run, limits)
     try:
-        with torch_threads(prepared.threads):
+        with torch_threads(prepared.resolved.threads):
             return _run_comparison(prepared, progress, stop_event, on_result)
     finally:
         release_memory()  # after a failed or stopped run too
 
 
-def takes_turns(device: str) -> bool:
-    """Whether the collators' bursts alternate step by step on this device. On a CPU they do: a CPU is often shared
-    (a Space, a laptop, CI), and collators run minutes apart would see different loads. On a GPU they run one after
-    the other: a GPU is dedicated, and its peak memory per phase (max_memory_allocated) would otherwise include the
-    other collators' resident models and optimizer state."""
-    return device == "cpu"
-
-
-def _sequential_bursts(prepared: Prepared, settings: BurstSettings, progress: ProgressFn | None,
+def _sequential_bursts(prepared: Prepared, progress: ProgressFn | None,
                        stop_event: threading.Event | None, on_result: Callable[[Result], None] | None) -> list[Result]:
     results: list[Result] = []
     for spec in prepared.specs:
         if stop_event is not None and stop_event.is_set():
             break
-        results.append(_run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event))
+        results.append(_run_burst_or_explain_oom(prepared, spec, progress, stop_event))
         release_memory()  # this collator's model and optimizer, before the next one's are built
         if on_result is not None:
             on_result(results[-1])
     return results
 
 
-def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: ProgressFn | None,
+def _alternating_bursts(prepared: Prepared, progress: ProgressFn | None,
                         stop_event: threading.Event | None, on_result: Callable[[Result], None] | None) -> list[Result]:
     """Every collator's burst in its own thread, taking turns step by step (timing.Turns): their timed steps run
     ABAB..., so all see the same machine load, and only the thread holding the turn computes.
@@ -326,7 +220,7 @@ def _alternating_bursts(prepared: Prepared, settings: BurstSettings, progress: P
         try:
             if stop_event is not None and stop_event.is_set():
                 return  # stopped before this collator's first step: no model to build, no step to take
-            outcomes[spec.name] = _run_burst_or_explain_oom(prepared, spec, settings, progress, stop_event, turns)
+            outcomes[spec.name] = _run_burst_or_explain_oom(prepared, spec, progress, stop_event, turns)
         except BaseException as error:  # handed to the caller's thread below
             outcomes[spec.name] = error
             turns.abort()
@@ -355,9 +249,8 @@ def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event:
     if stop_event is not None and stop_event.is_set():  # stopped while the run was prepared: no step to take
         return prepared.comparison([])
     memory = memory_guard.refuse_if_too_big(prepared).to_dict()  # before anything trains
-    settings = prepared.burst_settings()
-    bursts = _alternating_bursts if takes_turns(prepared.device) and len(prepared.specs) > 1 else _sequential_bursts
-    results = bursts(prepared, settings, progress, stop_event, on_result)
+    bursts = _alternating_bursts if takes_turns(prepared.resolved.device) and len(prepared.specs) > 1 else _sequential_bursts
+    results = bursts(prepared, progress, stop_event, on_result)
     # Rank 0 alone reports, so only it needs the check (a forward pass per example, no collective); a run cut short
     # skips it, so that Stop ends the run promptly. Cut short is what the results say, not the signal: a time budget
     # that runs out after the last step has stopped nothing.
@@ -366,7 +259,7 @@ def _run_comparison(prepared: Prepared, progress: ProgressFn | None, stop_event:
         return finished
     if finished.partial:
         return prepared.comparison(results, contamination_not_checked=NOT_CHECKED_WHEN_PARTIAL, memory=memory)
-    rows, not_checked = contamination_check(prepared.source, prepared.attention,
-                                            prepared.examples[: min(prepared.config.batch_size, 8)], prepared.device,
+    rows, not_checked = contamination_check(prepared.source, prepared.resolved.attention,
+                                            prepared.examples[: min(prepared.config.batch_size, 8)], prepared.resolved.device,
                                             prepared.config.seed)
     return prepared.comparison(results, rows, not_checked, memory)

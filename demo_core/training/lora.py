@@ -19,19 +19,16 @@ from __future__ import annotations
 import importlib.util
 import tempfile
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 from transformers.pytorch_utils import Conv1D
 
-from demo_core.config import LORA_ALL_LINEAR
+from demo_core.config import LORA_ALL_LINEAR, RunConfig
 from demo_core.errors import DemoInputError
 from demo_core.models.lora import is_lora_target
 from demo_core.memory.estimate import param_facts
 
-if TYPE_CHECKING:
-    from demo_core.training.burst import BurstSettings
 
 LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 x rank: a common choice, and the scaling lora.py's imitation computes
 
@@ -82,15 +79,15 @@ def quantized(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Mo
     return quantized_model
 
 
-def with_lora(model: torch.nn.Module, settings: BurstSettings) -> torch.nn.Module:
-    """`model` frozen, its targeted linear layers wrapped with LoRA adapters initialised from `settings.seed`."""
+def with_lora(model: torch.nn.Module, run: RunConfig) -> torch.nn.Module:
+    """`model` frozen, its targeted linear layers wrapped with LoRA adapters initialised from `run.seed`."""
     from peft import get_peft_model
 
-    if settings.qlora:
-        model = quantized(model, torch.bfloat16 if settings.precision != "fp32" else torch.float32)
-    config = lora_config(settings.lora_rank, settings.lora_targets,
+    if run.qlora:
+        model = quantized(model, torch.bfloat16 if run.precision != "fp32" else torch.float32)
+    config = lora_config(run.lora_rank, run.lora_targets,
                          fan_in_fan_out=any(isinstance(module, Conv1D) for module in model.modules()))
-    torch.manual_seed(settings.seed)  # the A matrices: the same draw for every collator
+    torch.manual_seed(run.seed)  # the A matrices: the same draw for every collator
     with warnings.catch_warnings():  # peft 0.21 asks transformers 5 for a renamed attribute; nothing to act on
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
         return get_peft_model(model, config)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import psutil
 import torch
@@ -41,12 +41,12 @@ import torch
 from demo_core.memory import estimate as memory_estimate
 from demo_core.attention.varlen import VARLEN, bucket_shapes
 from demo_core.collators import CollatorSpec
+from demo_core.config import RunConfig
+from demo_core.training.prepared import Prepared
 from demo_core.training.distributed import world_size
+from demo_core.training.turns import takes_turns
 from demo_core.errors import DemoInputError
 
-if TYPE_CHECKING:
-    from demo_core.training.burst import BurstSettings
-    from demo_core.training.engine import Prepared
 
 MASK_CHECK_BYTES_PER_PAIR = 16  # attention.infer_pattern, per token pair inside a segment (measured 11-13)
 CPU_RUN_ALLOWANCE_BYTES = 500_000_000  # what a CPU run adds beyond its tensors (measured 0.1-0.5 GB)
@@ -93,16 +93,16 @@ def step_shape(spec: CollatorSpec, lengths: Sequence[int]) -> memory_estimate.St
     return memory_estimate.StepShape.packed_row(lengths)
 
 
-def burst_memory_settings(spec: CollatorSpec, attention: str, settings: BurstSettings,
+def burst_memory_settings(spec: CollatorSpec, run: RunConfig,
                           context_bytes: int | None = None) -> memory_estimate.TrainingSettings:
     """How a burst of this collator trains, for the memory estimate."""
     return memory_estimate.TrainingSettings(
-        precision=settings.precision, optimizer=settings.optimizer, attention=attention,
-        gradient_checkpointing=settings.gradient_checkpointing, device_type=settings.device,
+        precision=run.precision, optimizer=run.optimizer, attention=run.attention,
+        gradient_checkpointing=run.gradient_checkpointing, device_type=run.device,
         context_bytes=context_bytes,
         loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
-        gradients_kept=settings.grad_accum > 1,  # the gradients live through the later micro-batches' forwards
-        lora_rank=settings.lora_rank, lora_targets=settings.lora_targets, quantized_base=settings.qlora,
+        gradients_kept=run.grad_accum > 1,  # the gradients live through the later micro-batches' forwards
+        lora_rank=run.lora_rank, lora_targets=run.lora_targets, quantized_base=run.qlora,
     )
 
 
@@ -209,15 +209,15 @@ def _processes_sharing_memory(device: str) -> int:
 
 def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max_length: int) -> CollatorMemory:
     """One collator's worst step of the run (the largest of its candidate batches) as the device holds it."""
-    settings = burst_memory_settings(spec, prepared.attention, prepared.burst_settings())
-    sharing = _processes_sharing_memory(prepared.device)
+    settings = burst_memory_settings(spec, prepared.resolved)
+    sharing = _processes_sharing_memory(prepared.resolved.device)
     worst = None
     for lengths in _worst_candidates(spec, step_lengths(prepared, spec, batch_size, max_length)):
         shape = step_shape(spec, lengths)
         estimate = memory_estimate.estimate_memory_detail(prepared.source.config, shape, settings)
         held = estimate.categories["weights"] + estimate.categories["optimizer"]
-        check = mask_check_bytes(shape) if prepared.attention == VARLEN else 0
-        memory = CollatorMemory(spec.name, burst_peak(prepared.device, estimate.peak_bytes, held, check) * sharing,
+        check = mask_check_bytes(shape) if prepared.resolved.attention == VARLEN else 0
+        memory = CollatorMemory(spec.name, burst_peak(prepared.resolved.device, estimate.peak_bytes, held, check) * sharing,
                                 held * sharing, estimate.peak_bytes * sharing, check * sharing, len(lengths),
                                 sum(lengths), shape.token_slots)
         if worst is None or memory.peak_bytes > worst.peak_bytes:
@@ -229,20 +229,18 @@ def predict(prepared: Prepared, batch_size: int | None = None, max_length: int |
             available: int | None = None) -> RunMemory:
     """The run's predicted peak, at its own settings or at another global `batch_size` / `max_length` (examples per
     optimizer step over all processes and micro-batches)."""
-    from demo_core.training.engine import takes_turns  # the engine calls this module before it trains
-
     config = prepared.config
     # One forward at a time: with gradient accumulation, a micro-batch of the global batch per device.
     per_device = (batch_size or config.batch_size) // (world_size() * config.grad_accum)
     length = max_length or config.max_length
     collators = tuple(collator_memory(prepared, spec, max(per_device, 1), length) for spec in prepared.specs)
-    return RunMemory(prepared.device, takes_turns(prepared.device) and len(collators) > 1, collators, available)
+    return RunMemory(prepared.resolved.device, takes_turns(prepared.resolved.device) and len(collators) > 1, collators, available)
 
 
 def preview_memory(prepared: Prepared) -> RunMemory:
     """For the page before Run: free memory is read on a CPU, or on a GPU whose CUDA context already exists."""
-    readable = prepared.device == "cpu" or torch.cuda.is_initialized()
-    return predict(prepared, available=available_bytes(prepared.device) if readable else None)
+    readable = prepared.resolved.device == "cpu" or torch.cuda.is_initialized()
+    return predict(prepared, available=available_bytes(prepared.resolved.device) if readable else None)
 
 
 def _largest(fits, low: int, high: int) -> int | None:
@@ -304,7 +302,7 @@ def refusal(prepared: Prepared, memory: RunMemory) -> str:
 
 def refuse_if_too_big(prepared: Prepared) -> RunMemory:
     """Raises DemoInputError, before anything trains, when the run's predicted peak exceeds the free memory."""
-    memory = predict(prepared, available=available_bytes(prepared.device))
+    memory = predict(prepared, available=available_bytes(prepared.resolved.device))
     if not memory.fits:
         raise DemoInputError(refusal(prepared, memory))
     return memory

@@ -16,7 +16,6 @@ Both count each optimizer step's micro-batches (gradient accumulation) so the bu
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
 from trl import SFTConfig, SFTTrainer, pack_dataset
 
 from demo_core.collators import CollatorSpec, RecordingCollator
+from demo_core.config import RunConfig
 from demo_core.training.distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
 from demo_core.precision import PRECISIONS
 from demo_core.data.schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
@@ -40,29 +40,6 @@ datasets.disable_progress_bars()  # packing a few hundred rows should not draw p
 CHECKPOINTING_ARGUMENT = ("activation_checkpointing"
                           if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
                           else "gradient_checkpointing")
-
-
-@dataclasses.dataclass(frozen=True)
-class BurstSettings:
-    """How every burst of a run trains (engine.Prepared.burst_settings); here, where it becomes the Trainer's
-    arguments, so that burst.py (which runs the trainer) and this module import in one direction only."""
-
-    steps: int
-    batch_size: int
-    max_length: int
-    learning_rate: float
-    optimizer: str  # "adamw" | "sgd"
-    precision: str  # a trained name of precision.PRECISIONS: "fp32" | "bf16" | "fp16"
-    device: str  # "cpu" | "cuda"
-    seed: int
-    gradient_checkpointing: bool = False
-    threads: int | None = None  # the intra-op threads of the thread that trains (None: as it is)
-    grad_accum: int = 1  # micro-batches per optimizer step
-    loss_on: str = "all"  # resolved (rendering.resolve_loss_on): all | completion | assistant
-    fsdp: bool = False  # shard weights, gradients and optimizer state over the processes (distributed.py)
-    lora_rank: int = 0  # 0: full fine-tune (lora_burst.py)
-    lora_targets: tuple[str, ...] = ("all-linear",)
-    qlora: bool = False
 
 
 class RecordingTrainer(FSDPTrainerMixin, Trainer):
@@ -163,7 +140,7 @@ def _truncated(dataset: datasets.Dataset, max_length: int) -> datasets.Dataset:
     return dataset.map(lambda row: {"input_ids": row["input_ids"][:max_length], "labels": row["labels"][:max_length]})
 
 
-def optimizer_class_and_kwargs(settings: BurstSettings) -> tuple[type[torch.optim.Optimizer], dict] | None:
+def optimizer_class_and_kwargs(run: RunConfig) -> tuple[type[torch.optim.Optimizer], dict] | None:
     """None lets Trainer build torch AdamW (`optim`); SGD with momentum 0.9 is named here (Trainer's "sgd" has none).
     Trainer builds both from the model it trains (under FSDP it refuses an optimizer built beforehand).
 
@@ -171,41 +148,41 @@ def optimizer_class_and_kwargs(settings: BurstSettings) -> tuple[type[torch.opti
     A step's fixed cost, which packing cannot shrink: small-llama SGD 13 -> 8 ms per step on one CPU thread. Under
     FSDP, SGD takes torch's loop: FSDP's sharded tensors (DTensor) have no rule for fused SGD in torch 2.13.
     """
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD, {"lr": settings.learning_rate, "momentum": 0.9, "fused": not settings.fsdp}
+    if run.optimizer == "sgd":
+        return torch.optim.SGD, {"lr": run.learning_rate, "momentum": 0.9, "fused": not run.fsdp}
     return None
 
 
-def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = "sequential") -> dict:
+def training_arguments(run: RunConfig, output_dir: str, sampler: str = "sequential") -> dict:
     """The TrainingArguments every burst shares, Trainer's and TRL's SFTConfig alike (SFTConfig subclasses it)."""
     return dict(
         output_dir=output_dir,
-        max_steps=settings.steps,
+        max_steps=run.steps,
         # batch_size is examples (bfd: rows) per optimizer step, over all processes and micro-batches
-        per_device_train_batch_size=per_device_batch_size(settings.batch_size, settings.grad_accum),
-        gradient_accumulation_steps=settings.grad_accum,
-        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=per_device_batch_size(run.batch_size, run.grad_accum),
+        gradient_accumulation_steps=run.grad_accum,
+        learning_rate=run.learning_rate,
         lr_scheduler_type="constant",
         weight_decay=0.0,
         # Fused AdamW (torch >= 2.4 on CPU too): small-llama 23 -> 7 ms, tiny-llama 4.2 -> 1.5 ms per step on one
         # CPU thread against torch's default per-parameter loop, which is what "adamw_torch" runs on a CPU.
         optim="adamw_torch_fused",
-        seed=settings.seed,
+        seed=run.seed,
         # Pre-shuffled data read in order: every collator sees the same examples in the same order.
         train_sampling_strategy=sampler,
-        **PRECISIONS[settings.precision].trainer_flags(),
-        use_cpu=settings.device == "cpu",
+        **PRECISIONS[run.precision].trainer_flags(),
+        use_cpu=run.device == "cpu",
         # Under torchrun / accelerate launch: DDP, gloo on CPU (NCCL needs GPUs), every parameter gets a gradient,
         # and the loss is normalised by the tokens of the whole global batch, so it equals one process's loss.
         # (a backend named in a single process would make accelerate look for a process group that is not there)
-        ddp_backend="gloo" if settings.device == "cpu" and world_size() > 1 else None,
+        ddp_backend="gloo" if run.device == "cpu" and world_size() > 1 else None,
         ddp_find_unused_parameters=False,
         average_tokens_across_devices=True,
-        **fsdp_training_arguments(settings.fsdp),
+        **fsdp_training_arguments(run.fsdp),
         # Trainer's and SFTConfig's defaults differ (SFTConfig turns it on): every burst follows the run's setting.
-        **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
+        **{CHECKPOINTING_ARGUMENT: run.gradient_checkpointing},
         dataloader_num_workers=0,
-        dataloader_pin_memory=settings.device == "cuda",
+        dataloader_pin_memory=run.device == "cuda",
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
@@ -213,43 +190,43 @@ def training_arguments(settings: BurstSettings, output_dir: str, sampler: str = 
     )
 
 
-def sft_config(spec: CollatorSpec, output_dir: str, settings: BurstSettings) -> SFTConfig:
+def sft_config(spec: CollatorSpec, output_dir: str, run: RunConfig) -> SFTConfig:
     """TRL does not enforce `max_length` without packing, so it is None then (build_trainer truncates TRL's rows).
     Which tokens carry loss is TRL's own switch: `completion_only_loss` / `assistant_only_loss`."""
     return SFTConfig(
-        **training_arguments(settings, output_dir, spec.sampler),
+        **training_arguments(run, output_dir, spec.sampler),
         padding_free=True,
         packing=spec.packed_rows,
         packing_strategy="bfd",
-        max_length=settings.max_length if spec.packed_rows else None,
-        completion_only_loss=settings.loss_on == "completion",
-        assistant_only_loss=settings.loss_on == "assistant",
+        max_length=run.max_length if spec.packed_rows else None,
+        completion_only_loss=run.loss_on == "completion",
+        assistant_only_loss=run.loss_on == "assistant",
     )
 
 
 def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                  rows: TrainingRows, settings: BurstSettings, output_dir: str
+                  rows: TrainingRows, run: RunConfig, output_dir: str
                   ) -> tuple[RecordingTrainer, RecordingCollator]:
     """(the trainer, the recording collator whose `pending_stats` it fills, one BatchStats per batch)."""
     if spec.trainer == "sft":
         trainer = RecordingSFTTrainer(
             model=model,
-            args=sft_config(spec, output_dir, settings),
+            args=sft_config(spec, output_dir, run),
             # Records in TRL's layout: SFTTrainer renders, tokenizes, masks and, with packing, packs them itself.
             train_dataset=rows.for_trainer(spec),
             processing_class=tokenizer,
-            optimizer_cls_and_kwargs=optimizer_class_and_kwargs(settings),
+            optimizer_cls_and_kwargs=optimizer_class_and_kwargs(run),
         )
         if not spec.packed_rows:
-            trainer.train_dataset = _truncated(trainer.train_dataset, settings.max_length)
+            trainer.train_dataset = _truncated(trainer.train_dataset, run.max_length)
         trainer.data_collator = collator = TRLCollatorRecorder(tokenizer, trainer.data_collator)
         return trainer, collator
     collator = spec.collate(tokenizer)
     trainer = RecordingTrainer(
         model=model,
-        args=TrainingArguments(**training_arguments(settings, output_dir, spec.sampler), remove_unused_columns=False),
+        args=TrainingArguments(**training_arguments(run, output_dir, spec.sampler), remove_unused_columns=False),
         train_dataset=rows.for_trainer(spec),
         data_collator=collator,
-        optimizer_cls_and_kwargs=optimizer_class_and_kwargs(settings),
+        optimizer_cls_and_kwargs=optimizer_class_and_kwargs(run),
     )
     return trainer, collator

@@ -1,11 +1,7 @@
-"""Timing you can trust on a shared machine: robust step statistics, and turns that make bursts alternate.
+"""Turns that make bursts alternate, so that their timings can be compared on a shared machine.
 
-On a shared CPU the same step can take 2-3x longer from one minute to the next, and a single descheduled step can be
-10x slower. Two defences:
-- **Robust statistics.** A burst's throughput comes from the time per token slot of its timed steps, each step
-  weighted by its slots, and trimmed (`robust_summary`: the mean of the middle half), not a sum that one slow step
-  dominates; its spread is the interquartile range.
-- **Alternation.** `Turns` passes a single turn between the bursts' threads at step boundaries, so collators' steps
+On a shared CPU the same step can take 2-3x longer from one minute to the next. Two defences: robust statistics
+(step_statistics.py) and alternation here: `Turns` passes a single turn between the bursts' threads at step boundaries, so collators' steps
   run ABAB... and every collator samples the same machine load, while each remains a real Trainer run. Only the
   thread holding the turn computes; the others wait in `TurnTaking.on_step_end`, where each burst also steps aside
   from the process's torch state (isolation.py).
@@ -14,60 +10,12 @@ On a shared CPU the same step can take 2-3x longer from one minute to the next, 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
-from typing import Iterable
 
 import torch
 from transformers import TrainerCallback
 
-from demo_core.training.isolation import RunStream
-
-# Fewer timed steps than this and a trimmed mean, a spread and a speedup mean little: the comparison reports none.
-MIN_TIMED_STEPS = 3
-
-
-def timed_step_indices(steps: int, profiled_steps: Iterable[int] | int | None) -> list[int]:
-    """0-based indices of the steps throughput counts: not step 1 (warm-up: allocator, kernel selection, lazy init)
-    and not the profiled steps (1-based; the profiler slows them; anatomy.py). A single int is the one profiled step
-    of documents saved before several were profiled."""
-    profiled = {profiled_steps} if isinstance(profiled_steps, int) else set(profiled_steps or ())
-    return [index for index in range(1, steps) if index + 1 not in profiled]
-
-
-def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    """The smallest value with at least `q` of the total weight at or below it."""
-    target, cumulative = q * sum(weights), 0.0
-    for value, weight in sorted(zip(values, weights)):
-        cumulative += weight
-        if cumulative >= target:
-            return value
-    return max(values)
-
-
-def interquartile_mean(values: list[float], weights: list[float]) -> float:
-    """The weighted mean of the middle half of the weight: a trimmed mean that drops the top and bottom quarter,
-    where one descheduled step would land, and that with equal values per unit of weight equals the plain mean."""
-    total = sum(weights)
-    low, high = total / 4, 3 * total / 4
-    kept_sum = kept_weight = cumulative = 0.0
-    for value, weight in sorted(zip(values, weights)):
-        overlap = max(0.0, min(cumulative + weight, high) - max(cumulative, low))
-        kept_sum, kept_weight, cumulative = kept_sum + value * overlap, kept_weight + overlap, cumulative + weight
-    return kept_sum / kept_weight
-
-
-def robust_summary(values: list[float], weights: list[float]) -> tuple[float, float, float]:
-    """(lower quartile, interquartile mean, upper quartile) of `values`, each counted with its weight."""
-    return (weighted_quantile(values, weights, 0.25), interquartile_mean(values, weights),
-            weighted_quantile(values, weights, 0.75))
-
-
-def log_half_spread(low: float, high: float) -> float:
-    """Half the width of [low, high] in logs: the centre x exp(±this) spans it. In logs, so that the spreads of two
-    collators combine into the spread of their ratio (in quadrature), and a range never reaches zero."""
-    return (math.log(high) - math.log(low)) / 2
-
+from demo_core.isolation import RunStream
 
 @contextlib.contextmanager
 def torch_threads(count: int | None):
@@ -79,6 +27,14 @@ def torch_threads(count: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def takes_turns(device: str) -> bool:
+    """Whether the collators' bursts alternate step by step on this device. On a CPU they do: a CPU is often shared
+    (a Space, a laptop, CI), and collators run minutes apart would see different loads. On a GPU they run one after
+    the other: a GPU is dedicated, and its peak memory per phase (max_memory_allocated) would otherwise include the
+    other collators' resident models and optimizer state."""
+    return device == "cpu"
 
 
 class Turns:

@@ -17,9 +17,13 @@ import math
 import statistics
 from typing import Iterable
 
-from demo_core.training.engine import Prepared, padded_step_costs
+from demo_core.config import RunConfig
+from demo_core.training.prepared import Prepared
 from demo_core.memory.estimate import param_facts
-from demo_core.training.timing import timed_step_indices
+from demo_core.settings import declared, speed_names
+from demo_core.throughput.work import padded_step_costs
+from demo_core.step_statistics import timed_step_indices
+
 
 # Assumptions, replaced by measured rates once the history has a run of the model on the device:
 # - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (a default `compare` run: ~14,000 padded slots/s at 0.59M
@@ -76,16 +80,22 @@ def slots_per_step(prepared: Prepared) -> dict[str, float]:
     return slots
 
 
-def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str, precision: str,
-                              lora_rank: int = 0, gradient_checkpointing: bool = False) -> float | None:
-    """The median seconds per token slot of the most recent results of `model` on `device` in `precision`, training
-    the same way (LoRA's backward skips the frozen weights' gradients; checkpointing recomputes the forward)."""
-    wanted = (model, device, precision, lora_rank, gradient_checkpointing)
+def speed_key(config: dict) -> tuple:
+    """What the seconds a token slot takes depend on, read from a document's `config`: every setting declared with
+    `speed=True` (config.py), at the value the engine resolved where it decided one (`resolved_attention`...), at its
+    declared default in a document saved before the setting existed."""
+    defaults = {item.name: item.default for item in declared(RunConfig)}
+    values = (config.get(f"resolved_{name}", config.get(name, defaults[name])) for name in speed_names(RunConfig))
+    return tuple(tuple(value) if isinstance(value, list) else value for value in values)
+
+
+def measured_seconds_per_slot(documents: Iterable[dict], speed: tuple) -> float | None:
+    """The median seconds per token slot of the most recent results of runs whose `speed_key` is `speed`: the same
+    model on the same device, precision and attention, training the same way (LoRA's backward skips the frozen
+    weights' gradients; checkpointing recomputes the forward)."""
     rates = []
     for document in reversed(list(documents)):
-        config = document.get("config", {})
-        if (config.get("model"), config.get("resolved_device"), config.get("resolved_precision"),
-                config.get("lora_rank", 0), config.get("gradient_checkpointing", False)) != wanted:
+        if speed_key(document.get("config", {})) != speed:
             continue
         for result in document.get("results", []):
             # the steps throughput counts: not the warm-up, not the profiled steps (the profiler slows them)
@@ -101,7 +111,7 @@ def measured_seconds_per_slot(documents: Iterable[dict], model: str, device: str
 
 
 def estimate(prepared: Prepared, measured_s_per_slot: float | None = None) -> RunEstimate:
-    device = prepared.device
+    device = prepared.resolved.device
     slots = slots_per_step(prepared)
     if measured_s_per_slot is not None:
         step_s = {name: n * measured_s_per_slot for name, n in slots.items()}
@@ -119,9 +129,7 @@ def predicted(prepared: Prepared, earlier_runs: Iterable[dict] = (), long_after_
     collator's setup and steps), `basis` ("history": seconds per slot measured in `earlier_runs`, the documents of
     earlier runs of the same kind; "parameters": from the parameter count, deliberately pessimistic), `setup_s` per
     collator, `step_s` per collator, and `long` when it is over `long_after_s`."""
-    config = prepared.config
-    measured = measured_seconds_per_slot(earlier_runs, config.model, prepared.device, prepared.precision,
-                                         config.lora_rank, config.gradient_checkpointing)
+    measured = measured_seconds_per_slot(earlier_runs, speed_key(prepared.document_config()))
     run = estimate(prepared, measured)
     return {"duration_s": run.total_s, "basis": "history" if measured is not None else "parameters",
             "setup_s": run.setup_s, "step_s": dict(run.step_s), "long": run.total_s > long_after_s,
