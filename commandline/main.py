@@ -11,7 +11,7 @@ import sys
 from presentation.report import format_report, text_table  # the CLI's words, as the page's: one presentation
 
 from demo_core.training import distributed
-from demo_core.attention.varlen import capability_table
+from demo_core.attention.capability import capability_table
 from commandline.plan import add_plan_parser, run_plan
 from demo_core.config import RunConfig
 from demo_core.training.engine import run_comparison

@@ -5,7 +5,7 @@ Public API (what the CLI and the app use; nothing here imports gradio):
 - `prepare(RunConfig) -> Prepared`, then `preview(prepared)` for the no-training views and
   `run_comparison(prepared) -> Comparison` (its `.to_dict()` is the JSON document); both also take a RunConfig;
 - `COLLATORS` (the collator registry), the choices for the other settings, `PRESETS`, `BUILTIN_DATASETS`;
-- the memory planner: `plan(PlanRequest) -> Plan`, `device_estimate`, `shipped_configs`, `largest_fit_words`;
+- the memory planner: `plan(PlanRequest) -> Plan`, `device_estimate`, `shipped_configs`;
 - `settings`: the declaration every setting of `RunConfig` and `PlanRequest` is made with (CLI, page, API derive from it);
 - `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads.
 
@@ -22,12 +22,12 @@ from demo_core.training.prepared import Prepared
 from demo_core.errors import DemoInputError
 from demo_core.memory.measure import CATEGORIES as MEMORY_CATEGORIES
 from demo_core.models.sources import PRESETS
-from demo_core.memory.planner import (EQUAL_LENGTHS, GIB, DeviceEstimate, Plan, PlanRequest, device_estimate,
-                      largest_fit_words, plan, shipped_configs)
+from demo_core.memory.planner import DeviceEstimate, Plan, device_estimate, plan
+from demo_core.memory.plan_request import EQUAL_LENGTHS, GIB, PlanRequest, shipped_configs
 from demo_core.results import Comparison, Result, write_json
 
 __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
            "DeviceEstimate", "EQUAL_LENGTHS", "GIB", "Limits", "MEMORY_CATEGORIES",
            "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Plan", "PlanRequest", "Prepared", "Result", "RunConfig",
-           "device_estimate", "initialize_profiler", "largest_fit_words", "plan", "prepare",
+           "device_estimate", "initialize_profiler", "plan", "prepare",
            "preview", "run_comparison", "settings", "shipped_configs", "write_json"]

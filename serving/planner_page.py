@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from demo_core import (BUILTIN_DATASETS, EQUAL_LENGTHS, DemoInputError, DeviceEstimate, Plan, PlanRequest,
                        device_estimate, plan, shipped_configs)
 from demo_core.settings import page_settings
-from presentation.plan_views import bars_figure, scaling_figure, summary_markdown
+from presentation.plan_views import bars_figure, plan_document, scaling_figure, summary_markdown
 from presentation.plots import RESULT_WIDTH_IN
 
 from serving.api_docs import documented_api, settings_endpoint
@@ -66,7 +66,7 @@ def plan_api(**settings) -> dict[str, Any]:
         decided on device_used_bytes + margin_bytes), peak_moment, fits (GPU GB -> bool), max_batch_size,
         max_seq_length and scaling (padded vs packed device use per sequence length)
     """
-    return plan(_request(**settings)).to_dict()
+    return plan_document(plan(_request(**settings)))
 
 
 def plan_page(*, screen: Screen = Screen(), **settings) -> PlanViews:

@@ -14,7 +14,10 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 from demo_core import DemoInputError, RunConfig
 from demo_core.attention import varlen as attention
 from demo_core.attention import kernels as torch_varlen
-from demo_core.attention.varlen import VARLEN, find_segments, resolve_attention, varlen_attention
+from demo_core.attention.varlen import VARLEN, varlen_attention
+from demo_core.attention import capability
+from demo_core.attention.capability import resolve_attention
+from demo_core.attention.segments import find_segments
 from demo_core.collators import make_collator
 from demo_core.training.engine import prepare
 from demo_core.models.sources import PRESETS, load_model_source
@@ -205,7 +208,7 @@ def test_mask_with_holes_is_refused_with_a_clear_error():
 @pytest.mark.parametrize("preset", TINY_PRESETS)
 def test_auto_on_cpu_picks_a_path_that_trains(preset, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(attention, "is_flash_attn_2_available", lambda: True)  # installed, but no GPU to run on
+    monkeypatch.setattr(capability, "is_flash_attn_2_available", lambda: True)  # installed, but no GPU to run on
     prepared = prepare(RunConfig(model=preset, samples=4, batch_size=2, attention="auto", device="auto"))
     assert (prepared.resolved.device, prepared.resolved.attention) == ("cpu", VARLEN)
     model = prepared.source.build(prepared.resolved.attention, seed=0)
@@ -215,7 +218,7 @@ def test_auto_on_cpu_picks_a_path_that_trains(preset, monkeypatch):
 
 @pytest.mark.parametrize("flash_installed,expected", [(True, "flash_attention_2"), (False, VARLEN)])
 def test_auto_on_cuda_prefers_flash_only_when_installed(flash_installed, expected, monkeypatch):
-    monkeypatch.setattr(attention, "is_flash_attn_2_available", lambda: flash_installed)
+    monkeypatch.setattr(capability, "is_flash_attn_2_available", lambda: flash_installed)
     assert resolve_attention("auto", load_model_source("tiny-llama").config, "cuda") == expected
 
 
@@ -224,7 +227,7 @@ def test_auto_skips_paths_a_family_lacks():
                           num_key_value_heads=1, head_dim=32, intermediate_size=128)
     # eager on transformers 5.24 (Gemma 2 has no sdpa there), sdpa where its class says it has: never varlen
     assert resolve_attention("auto", gemma2, "cpu") == ("sdpa" if Gemma2ForCausalLM._supports_sdpa else "eager")
-    assert not attention.capability(gemma2, VARLEN, "cpu")[0]
+    assert not capability.capability(gemma2, VARLEN, "cpu")[0]
     with pytest.raises(DemoInputError, match="soft-capping"):
         resolve_attention(VARLEN, gemma2, "cpu")
 
@@ -233,7 +236,7 @@ def test_requesting_an_unavailable_path_gives_the_capability_message(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(DemoInputError, match="unavailable for llama on cpu: flash_attention_2 needs a CUDA GPU"):
         prepare(RunConfig(attention="flash_attention_2", samples=4))
-    monkeypatch.setattr(attention, "is_flash_attn_2_available", lambda: False)
+    monkeypatch.setattr(capability, "is_flash_attn_2_available", lambda: False)
     with pytest.raises(DemoInputError, match="needs the flash-attn package"):
         resolve_attention("flash_attention_2", load_model_source("tiny-llama").config, "cuda")
 
@@ -245,7 +248,7 @@ def test_capabilities_command_prints_the_table():
     lines = completed.stdout.splitlines()
     assert lines[0].split()[:4] == ["model", "attention", "device", "works"]
     rows = [line.split(None, 4) for line in lines[1:]]
-    assert len(rows) == 2 * len(attention.AUTO_ORDER) * 2
+    assert len(rows) == 2 * len(capability.AUTO_ORDER) * 2
     cells = {(r[0], r[1], r[2]): r[3] for r in rows}
     assert cells[("tiny-llama", "flash_attention_2", "cpu")] == "no"
     assert cells[("tiny-gpt2", VARLEN, "cpu")] == "yes"

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from demo_core import RunConfig, run_comparison
+from demo_core.attention import capability
 from demo_core.attention import varlen as attention
 from demo_core.attention import preflight
 from demo_core.attention import kernels as torch_varlen
@@ -87,7 +88,7 @@ def test_varlen_kernel_matches_per_segment_sdpa(kernel_calls, q_heads, kv_heads,
     for got, want in zip(grads, expected_grads):
         assert _relative(got, want) < BF16_RELATIVE_TOLERANCE
     if torch_varlen.INSTALLED is None:  # the SDPA fallback gave these numbers; the table must say why
-        works, why = attention.capability(config_source("llama", _llama_config(), byte_tokenizer()).config,
+        works, why = capability.capability(config_source("llama", _llama_config(), byte_tokenizer()).config,
                                           attention.VARLEN, "cuda")
         assert works and torch_varlen.absence_reason() in why
     elif window is None or torch_varlen.INSTALLED.takes_window:

@@ -25,10 +25,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
 from demo_core import RunConfig, run_comparison
 from demo_core.memory import probe as activation_probe
-from demo_core.memory.probe import ProbeSpec, activation_fit
+from demo_core.memory.probe import activation_fit
+from demo_core.memory.probe_model import ProbeSpec
 from demo_core.attention.contamination import contamination_check
 from demo_core.isolation import exclusive
-from demo_core.memory.estimate import param_facts
+from demo_core.memory.parameters import param_facts
 from demo_core.models.sources import byte_tokenizer, load_model_source
 from demo_core.attention.preflight import measure_packing
 

@@ -11,7 +11,8 @@ from transformers.optimization import Adafactor
 
 import demo_core.memory.estimate as estimate
 from demo_core.errors import DemoInputError
-from demo_core.memory.estimate import StepShape, TrainingSettings, estimate_memory, estimate_memory_detail
+from demo_core.memory.estimate import estimate_memory, estimate_memory_detail
+from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.memory.measure import CATEGORIES, SavedActivationMeter, tensor_bytes_by_category
 
 PRESET_FAMILIES = ["llama", "mistral", "qwen2", "gemma", "phi3", "granite", "gpt2"]

@@ -11,7 +11,8 @@ import torch
 from tiny_models import build, family_config, padded_batch
 
 import demo_core.memory.measure as memory
-from demo_core.memory.estimate import StepShape, estimate_memory
+from demo_core.memory.estimate import estimate_memory
+from demo_core.memory.step import StepShape
 
 
 # ---- tensors, the meter, the report ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import pytest
 
 from demo_core import DemoInputError
 from demo_core.config import RunConfig
-from demo_core.memory.planner import PlanRequest
+from demo_core.memory.plan_request import PlanRequest
 from demo_core.precision import ESTIMATE_PRECISION_NAMES, PRECISION_NAMES, PRECISIONS, resolve
 from demo_core.settings import by_name
 

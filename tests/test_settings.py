@@ -12,7 +12,7 @@ from gradio_client import Client
 import demo_core
 from demo_core import RunConfig
 from commandline import main as cli
-from demo_core.memory.planner import PlanRequest
+from demo_core.memory.plan_request import PlanRequest
 from demo_core.settings import Widget, api_settings, capped_defaults, declared, page_settings, setting
 from serving import provenance
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging as transformers_logging
 
-from demo_core.attention import varlen as attention_paths
+from demo_core.attention import capability as attention_paths
 from demo_core.collators import FlattenCollator, PaddedCollator, collator_spec
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
@@ -148,7 +148,7 @@ def check_packing_is_exact(source: ModelSource, attention: str, device: str, col
 
 def exact_attention(source: ModelSource, requested: str, device: str, collators) -> str:
     """The attention the run will use: a named one must pass its capability and this check; `auto` takes the first
-    path in `attention.AUTO_ORDER` that does both, and refuses with every path's reason when none does."""
+    path in `capability.AUTO_ORDER` that does both, and refuses with every path's reason when none does."""
     if requested != "auto":
         attention = attention_paths.resolve_attention(requested, source.config, device)
         check_packing_is_exact(source, attention, device, collators)

@@ -1,4 +1,4 @@
-"""Attention paths for packed rows: our varlen attention, backend choice and the capability table.
+"""Our varlen attention for packed rows (segments.py finds the segments; capability.py says where it works).
 
 transformers' built-in packed path on sdpa/eager builds a dense (T, T) block-diagonal mask over the whole packed
 row, so it pays (Σ sᵢ)² for attention and can end up slower than padding. `varlen_attention` pays Σ sᵢ²: it finds
@@ -30,26 +30,20 @@ left padding and drop mask-only windows).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
+from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
-from transformers.utils import is_flash_attn_2_available
 
 from demo_core.attention import kernels as torch_varlen
+from demo_core.attention.segments import Segments, as_numpy, find_segments, segment_cache
 from demo_core.errors import DemoInputError
 
 VARLEN = "varlen"
-# A bucket takes every segment within 25% or 16 tokens of its longest: padding a bucket then costs at most
-# 1.25² ≈ 1.6x its attention FLOPs, while FLAN-like lengths (24..1024 tokens) need ~15 SDPA calls per layer.
-# Measured on 2 CPU cores (tiny-llama, flan-like): attention is ~15% of a step, gathers ~7%; see docs/RESULTS.md.
-_BUCKET_SLACK_RATIO = 1.25
-_BUCKET_SLACK_TOKENS = 16
 # Arguments that reach attention functions and change nothing here: the segment sources read below, and what
 # models and Trainer pass along for other layers or backends (MoE's `output_router_logits`, the loss's
 # `num_items_in_batch`). Any other argument that is set (not None, not False) is refused rather than ignored.
@@ -58,143 +52,6 @@ _HARMLESS_KWARGS = frozenset({
     "output_attentions", "output_router_logits", "num_items_in_batch", "use_cache", "cache_position",
     "past_key_values", "layer_idx", "is_causal", "target_dtype", "position_embeddings",
 })
-
-
-@dataclasses.dataclass
-class Bucket:
-    """Segments of similar length attended in one SDPA call, each right-padded to `gather_index.shape[1]`."""
-
-    gather_index: torch.Tensor  # (n, L) token-axis positions; padding entries repeat the segment's last token
-    keep_index: torch.Tensor  # positions in the flattened (n * L) bucket output that are real tokens
-
-
-@dataclasses.dataclass
-class Segments:
-    """Where each attended segment lies in the flattened (batch * seq) token axis."""
-
-    lengths: list[int]
-    buckets: list[Bucket]
-    real_index: torch.Tensor  # all real token positions, segment by segment
-    bucket_destination: torch.Tensor  # token-axis position of each kept bucket output, buckets concatenated
-    cu_seqlens: torch.Tensor  # int32 (n_segments + 1,) over `real_index`
-    all_real: bool  # no padding anywhere: gathers and scatters over the whole token axis can be skipped
-
-    @property
-    def max_length(self) -> int:
-        return max(self.lengths)
-
-
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy()
-
-
-def _segment_start_flags(batch: int, seq_len: int, attention_mask, position_ids, cu_seq_lens, mask_breaks) -> tuple:
-    """(real, starts): (batch, seq) bool arrays, which slots hold real tokens and which begin a segment."""
-    starts = np.zeros((batch, seq_len), dtype=bool) if mask_breaks is None else mask_breaks.copy()
-    starts[:, 0] = True
-    if cu_seq_lens is not None and batch == 1:
-        bounds = _as_numpy(cu_seq_lens).astype(np.int64)
-        if bounds[-1] != seq_len:
-            raise DemoInputError(f"cu_seq_lens ends at {bounds[-1]} but the packed row has {seq_len} tokens")
-        starts[0, bounds[:-1][bounds[:-1] < seq_len]] = True  # an empty last segment starts nowhere
-    elif position_ids is not None:
-        # transformers' own packing rule: a new sequence starts wherever the position does not continue by one.
-        positions = np.broadcast_to(_as_numpy(position_ids), (batch, seq_len))
-        starts[:, 1:] |= positions[:, 1:] != positions[:, :-1] + 1
-    if attention_mask is None:
-        return np.ones((batch, seq_len), dtype=bool), starts
-    real = _as_numpy(attention_mask).astype(bool)
-    run_starts = real.copy()
-    run_starts[:, 1:] &= ~real[:, :-1]
-    rows_with_holes = np.flatnonzero(run_starts.sum(axis=1) > 1)
-    if rows_with_holes.size:
-        raise DemoInputError(
-            f"varlen attention got an attention mask with holes in row {rows_with_holes[0]}: it only honours "
-            f"padding at the start or end of a row; use --attention sdpa for arbitrary masks"
-        )
-    return real, (starts | run_starts) & real
-
-
-def _buckets(starts: np.ndarray, lengths: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(gather index, keep index) per bucket. Greedy over lengths sorted longest first: each bucket takes the next
-    run of segments within the slack of its longest."""
-    order = np.argsort(-lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    buckets, first = [], 0
-    while first < len(order):
-        longest = int(sorted_lengths[first])
-        shortest_allowed = min(longest / _BUCKET_SLACK_RATIO, longest - _BUCKET_SLACK_TOKENS)
-        # sorted_lengths descends, so the members are a contiguous run starting at `first`
-        last = first + int(np.count_nonzero(sorted_lengths[first:] >= shortest_allowed))
-        members = order[first:last]
-        offsets = np.arange(longest)
-        bucket_lengths = lengths[members][:, None]
-        # Padding entries repeat the segment's last token: any valid index works, causality hides them.
-        gather_index = starts[members][:, None] + np.minimum(offsets[None, :], bucket_lengths - 1)
-        buckets.append((gather_index, np.flatnonzero(offsets[None, :] < bucket_lengths)))
-        first = last
-    return buckets
-
-
-def bucket_shapes(lengths: list[int]) -> list[tuple[int, int]]:
-    """(segments, padded length) of each SDPA call the CPU path makes for these segment lengths (memory estimate)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return [gather.shape for gather, _ in _buckets(np.zeros(len(lengths), dtype=np.int64), lengths)]
-
-def find_segments(batch: int, seq_len: int, device: torch.device, attention_mask=None, position_ids=None,
-                  cu_seq_lens=None, mask_breaks: np.ndarray | None = None) -> Segments:
-    """Segments from `cu_seq_lens` (one packed row) or `position_ids` restarts, the 2-D padding mask, and
-    `mask_breaks` ((batch, seq) bool: where the model's own mask starts anew, see `_mask_breaks`).
-
-    Index bookkeeping runs in NumPy: these are small integer arrays, and torch would hand each op to its OpenMP
-    pool, whose synchronisation costs milliseconds per op on a busy 2-core machine (measured: 10x slower).
-    """
-    real, starts = _segment_start_flags(batch, seq_len, attention_mask, position_ids, cu_seq_lens, mask_breaks)
-    real_index = np.flatnonzero(real)
-    if real_index.size == 0:
-        raise DemoInputError("varlen attention got a batch without any real token")
-    # Every segment is a contiguous run of real slots (a padding gap always ends one), so segment k spans
-    # real_index[first_k : first_k + length_k].
-    first_in_real = np.flatnonzero(starts.reshape(-1)[real_index])
-    lengths = np.diff(first_in_real, append=real_index.size)
-    buckets = _buckets(real_index[first_in_real], lengths)
-    bucket_destination = np.concatenate([gather.reshape(-1)[keep] for gather, keep in buckets])
-    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-
-    def on_device(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
-
-    return Segments(
-        lengths=lengths.tolist(),
-        buckets=[Bucket(on_device(gather), on_device(keep)) for gather, keep in buckets],
-        real_index=on_device(real_index),
-        bucket_destination=on_device(bucket_destination),
-        cu_seqlens=on_device(cu_seqlens),
-        all_real=real_index.size == batch * seq_len,
-    )
-
-
-class _SegmentCache(threading.local):
-    """Segments for layers that get no mask function (the model passed a 2-D mask or none): every layer of one
-    forward gets the same kwargs tensors, so find them once per forward, not per layer.
-
-    Keyed on tensor identity (the cache holds the tensors, so an id cannot be reused while cached); thread-local
-    because the app may run two bursts at once.
-    """
-
-    def __init__(self):
-        self.key: tuple | None = None
-        self.segments: Segments | None = None
-
-    def get(self, batch, seq_len, device, attention_mask, position_ids, cu_seq_lens) -> Segments:
-        key = (batch, seq_len, str(device), attention_mask, position_ids, cu_seq_lens)
-        if self.key is None or self.key[:3] != key[:3] or any(a is not b for a, b in zip(self.key[3:], key[3:])):
-            self.segments = find_segments(batch, seq_len, device, attention_mask, position_ids, cu_seq_lens)
-            self.key = key
-        return self.segments
-
-
-_cache = _SegmentCache()
 
 
 # ---- the attention pattern inside one example ---------------------------------------------------------------------
@@ -252,7 +109,7 @@ def _mask_breaks(mask_function: Callable, batch: int, seq_len: int, device: torc
     later = torch.arange(1, seq_len, device=device)[None, :]
     sees_previous = _evaluate(mask_function, rows, later, later - 1).expand(batch, seq_len - 1)
     breaks = np.zeros((batch, seq_len), dtype=bool)
-    breaks[:, 1:] = ~_as_numpy(sees_previous)
+    breaks[:, 1:] = ~as_numpy(sees_previous)
     return breaks
 
 
@@ -385,7 +242,7 @@ def _segments_and_pattern(attention_mask, batch: int, seq_len: int, device: torc
         raise DemoInputError("varlen attention takes a 2-D padding mask or none; this model built its own "
                              f"{attention_mask.dim()}-D mask, which varlen cannot read; use --attention sdpa or eager")
     # No mask function reached us (the model passed its 2-D mask or none): the module's own window is all we know.
-    segments = _cache.get(batch, seq_len, device, attention_mask, position_ids, cu_seq_lens)
+    segments = segment_cache.get(batch, seq_len, device, attention_mask, position_ids, cu_seq_lens)
     return segments, Pattern("sliding", sliding_window) if sliding_window is not None else CAUSAL
 
 
@@ -431,87 +288,5 @@ AttentionInterface.register(VARLEN, varlen_attention)
 AttentionMaskInterface.register(VARLEN, varlen_mask)
 
 
-# ---- capability table and backend choice ------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def model_class(config_class: type):
-    return AutoModelForCausalLM._model_mapping[config_class]
 
 
-def routes_through_attention_interface(causal_lm_class: type) -> bool:
-    """Whether the model's attention layers look their function up in transformers' AttentionInterface, the only
-    way a registered attention such as varlen ever runs. transformers' own test for it (it reads the modeling
-    source for `ALL_ATTENTION_FUNCTIONS.get_interface(`); the class flag `_supports_attention_backend` is missing on
-    families that do route through it (stablelm)."""
-    return causal_lm_class._can_set_attn_implementation()
-
-
-def _varlen_on_device(device: str) -> str:
-    if device != "cuda":
-        return "Σs² cost: SDPA per bucket of similar-length segments"
-    if torch_varlen.INSTALLED is None:
-        return f"Σs² cost: SDPA per bucket of similar-length segments ({torch_varlen.absence_reason()})"
-    return (f"Σs² cost: {torch_varlen.INSTALLED.describe()} in bf16/fp16; per-bucket SDPA in fp32 and for "
-            f"attention sinks")
-
-
-def capability(config: PretrainedConfig, attention: str, device: str) -> tuple[bool, str]:
-    """(works, why) for one model family x attention path x device ("cpu" or "cuda").
-
-    This reads the config and the code, cheaply; whether packing is then exact for this model is the pre-flight
-    check's question (preflight.py), answered with a forward pass.
-    """
-    family = config.model_type
-    try:
-        causal_lm_class = model_class(type(config))
-    except KeyError:
-        return False, f"{family} is not a causal language model that transformers knows"
-    if attention == "eager":
-        return True, "reference implementation; packed rows get a dense (Σs)² block-diagonal mask"
-    if attention == "sdpa":
-        if not getattr(causal_lm_class, "_supports_sdpa", False):
-            return False, f"{family} has no sdpa attention in transformers (e.g. Gemma 2's soft-capping)"
-        return True, "packed rows get a dense (Σs)² block-diagonal mask: correct, can be slower than padding"
-    if attention == VARLEN:
-        if not routes_through_attention_interface(causal_lm_class):
-            return False, (f"{family} computes attention in its own code, not through transformers' "
-                           f"AttentionInterface, so varlen would never run")
-        if getattr(config.get_text_config(), "attn_logit_softcapping", None):
-            return False, f"{family} uses attention logit soft-capping, which varlen does not implement"
-        return True, _varlen_on_device(device)
-    if attention == "flash_attention_2":
-        if device != "cuda":
-            return False, "flash_attention_2 needs a CUDA GPU"
-        if not is_flash_attn_2_available():
-            return False, "flash_attention_2 needs the flash-attn package (pip install -r requirements-gpu.txt)"
-        if not getattr(causal_lm_class, "_supports_flash_attn", False):
-            return False, f"{family} has no flash_attention_2 support in transformers"
-        return True, "the blog's path: Σs² cost with cu_seq_lens from the collator"
-    return False, f"unknown attention {attention!r}"
-
-
-AUTO_ORDER = ("flash_attention_2", VARLEN, "sdpa", "eager")
-
-
-def resolve_attention(requested: str, config: PretrainedConfig, device: str) -> str:
-    """The attention that will run: `auto` takes the first path that works here; a named one must work."""
-    if requested == "auto":
-        for candidate in AUTO_ORDER:
-            if capability(config, candidate, device)[0]:
-                return candidate
-        raise DemoInputError(f"no attention path works for {config.model_type} on {device}")
-    works, why = capability(config, requested, device)
-    if not works:
-        raise DemoInputError(f"attention {requested!r} is unavailable for {config.model_type} on {device}: {why}")
-    return requested
-
-
-def capability_table(configs: dict[str, PretrainedConfig], devices=("cpu", "cuda")) -> list[dict]:
-    """Rows of (model, attention, device, works, why) for the CLI and the app."""
-    return [
-        {"model": name, "attention": attention, "device": device, "works": works, "why": why}
-        for name, config in configs.items()
-        for attention in AUTO_ORDER
-        for device in devices
-        for works, why in [capability(config, attention, device)]
-    ]

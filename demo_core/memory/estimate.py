@@ -7,7 +7,7 @@ The categories follow the Hugging Face "model training anatomy" page, plus the C
     gradients    one `.grad` per trainable parameter, in the parameter's dtype
     optimizer    AdamW exp_avg + exp_avg_sq + a scalar `step` per tensor; SGD momentum_buffer; bitsandbytes 8-bit
                  AdamW two uint8 states + an fp32 absmax per 256-element block; Adafactor factored second moments
-    activations  what autograd saves for backward, fitted per architecture by activation_probe.py from tiny copies
+    activations  what autograd saves for backward, fitted per architecture by memory/probe.py from tiny copies
                  of the model, plus the formulas below for what the probe leaves out
     temporary    the largest short-lived buffer: the loss head's gradients at the start of backward (full logits, or
                  a chunked head's tiles and fp32 accumulators), the optimizer's scratch at the step (foreach: a copy
@@ -24,40 +24,30 @@ Two choices to know about:
   there): `weights` stays equal to the parameter tensors and the activations comparable with
   `SavedActivationMeter`, which sees the copies as non-parameter storages.
 - The kernel of `varlen` / `flash_attention_2` is a formula (`attention_kernel_terms`): it follows the segment
-  lengths, which the probe's fit cannot see. The rest comes from the model's own code (activation_probe.py).
+  lengths, which the probe's fit cannot see. The rest comes from the model's own code (memory/probe.py).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from typing import Any, Sequence
 
-import torch
-
-from demo_core.memory import probe as activation_probe
-from demo_core.models import lora
-from demo_core.isolation import exclusive
-from demo_core.attention.varlen import bucket_shapes
-from demo_core.config import ESTIMATE_ATTENTION_NAMES, ESTIMATE_OPTIMIZER_NAMES, PER_SEGMENT_ATTENTION
-from demo_core.precision import ESTIMATE_PRECISION_NAMES, PRECISIONS
+from demo_core.attention.segments import bucket_shapes
+from demo_core.config import PER_SEGMENT_ATTENTION
+from demo_core.memory.parameters import (ModelShape, Trainable, model_shape, optimizer_state_bytes, param_facts,
+                                         trainable, weight_bytes)
+from demo_core.memory.probe import probed_activations
+from demo_core.memory.probe_model import ProbeSpec
+from demo_core.memory.probe_recorder import ATTENTION_KERNEL_EXCLUDED
+from demo_core.memory.step import StepShape, TrainingSettings
+from demo_core.precision import PRECISIONS
 
 _FP32_BYTES = 4
 _INT64_BYTES = 8
-ADAPTER_DTYPE_NAMES = ("fp32", "base")
-OPTIMIZER_IMPL_NAMES = ("fused", "foreach", "single-tensor")
-LOSS_NAMES = ("model", "trl-fused")
 # TRL's chunked log-prob kernel (trl/kernels/chunked_logprob.py): tiles of 4096 tokens x 32768 vocabulary entries.
 _CHUNKED_HEAD_TOKENS = 4096
 _CHUNKED_HEAD_VOCAB = 32768
-# QLoRA (Dettmers et al. 2023): NF4 weights (4 bits) with one absmax per 64 weights, itself quantized to 8 bits
-# with one fp32 constant per 256 absmaxes ("double quantization": 8/64 + 32/(64*256) = 0.127 bits per weight).
-QLORA_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
-# bitsandbytes' blockwise 8-bit optimizers: one fp32 absmax per 256 elements and state; tensors under 4096
-# elements (its min_8bit_size) keep 32-bit states.
-_ADAM8BIT_BLOCK = 256
-_ADAM8BIT_MIN_SIZE = 4096
 
 # The seed example of the HF "model training anatomy" page: bert-large-uncased, batch 4, seq 512, fp32, AdamW,
 # on a 16 GB V100; nvidia-smi showed 14,949 MB of which ~1.3 GB was the CUDA context (CUDA 11, before lazy loading).
@@ -67,253 +57,18 @@ SEED_CONTEXT_MB_REPORTED = 1_300
 
 # ---- what is estimated ------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class StepShape:
-    """The batch of one optimizer step.
-
-    Padded: `batch_size` rows of `seq_len` slots, `real_tokens` of them real (None: all), `segment_lengths` the rows'
-    real lengths when known (the varlen kernel buckets by them). Packed: one row holding the examples back to back,
-    `segment_lengths` their lengths, positions restarting at each; `seq_len` is the row's length.
-    """
-
-    batch_size: int
-    seq_len: int
-    real_tokens: int | None = None
-    packed: bool = False
-    segment_lengths: tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        if self.batch_size < 1 or self.seq_len < 1:
-            raise ValueError(f"batch_size and seq_len must be at least 1, got {self.batch_size} x {self.seq_len}")
-
-    @classmethod
-    def padded(cls, lengths: Sequence[int]) -> "StepShape":
-        """Examples padded to the longest one."""
-        return cls(len(lengths), max(lengths), sum(lengths), segment_lengths=tuple(lengths))
-
-    @classmethod
-    def packed_row(cls, lengths: Sequence[int]) -> "StepShape":
-        """Examples in one padding-free row, positions restarting per example."""
-        return cls(1, sum(lengths), sum(lengths), packed=True, segment_lengths=tuple(lengths))
-
-    @property
-    def rows(self) -> int:
-        return 1 if self.packed else self.batch_size
-
-    @property
-    def token_slots(self) -> int:
-        """Positions the model computes on: every slot of a padded batch, the packed row's tokens."""
-        return self.seq_len if self.packed else self.batch_size * self.seq_len
-
-    @property
-    def has_padding(self) -> bool:
-        return not self.packed and self.real_tokens is not None and self.real_tokens < self.token_slots
-
-    def attention_segments(self) -> list[int]:
-        """What attention attends within: the packed examples, or each row's real tokens."""
-        if self.segment_lengths:
-            return [int(n) for n in self.segment_lengths if n > 0]
-        if self.packed:
-            return [self.seq_len]
-        real = self.real_tokens if self.real_tokens is not None else self.token_slots
-        return [real // self.batch_size] * self.batch_size  # rows' lengths unknown: even split
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingSettings:
-    """How the step trains. Names as in config.py's ESTIMATE_* lists; checked where users type them (RunConfig,
-    the planner), so a bad value here is a programming error."""
-
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast, fp32 weights) | pure-bf16
-    optimizer: str = "adamw"  # adamw | sgd (momentum) | adamw_8bit | adafactor
-    attention: str = "sdpa"  # sdpa | eager | varlen | flash_attention_2
-    gradient_checkpointing: bool = False
-    device_type: str = "cpu"  # cpu | cuda
-    context_bytes: int | None = None  # measured CUDA context, if any
-    lora_rank: int = 0  # 0: full fine-tune
-    lora_targets: tuple[str, ...] = ("all-linear",)
-    quantized_base: bool = False  # QLoRA: the frozen linear weights in 4-bit NF4
-    loss: str = "model"  # "model": the model's own loss (Trainer); "trl-fused": TRL SFTTrainer's chunked LM head
-    half_weights: bool = False  # bf16/fp16: parameters loaded in the half dtype, autocast over them (no fp32 copy)
-    adapter_dtype: str = "fp32"  # LoRA adapters in fp32 (peft's default) or in the base weights' dtype
-    optimizer_impl: str = "fused"  # fused (Trainer's adamw_torch_fused), foreach, single-tensor (a per-tensor loop)
-    gradients_kept: bool = False  # gradients live through forward and backward (accumulation, set_to_none=False)
-
-    def __post_init__(self):
-        for name, allowed in (("precision", ESTIMATE_PRECISION_NAMES), ("optimizer", ESTIMATE_OPTIMIZER_NAMES),
-                              ("attention", ESTIMATE_ATTENTION_NAMES), ("device_type", ("cpu", "cuda")),
-                              ("loss", LOSS_NAMES), ("adapter_dtype", ADAPTER_DTYPE_NAMES),
-                              ("optimizer_impl", OPTIMIZER_IMPL_NAMES)):
-            _check_choice(name, getattr(self, name), allowed)
-        if self.quantized_base and not self.lora_rank:
-            raise ValueError("a quantized base trains through LoRA adapters: give lora_rank")
-        if self.half_weights and not PRECISIONS[self.precision].autocast:
-            raise ValueError("half_weights is autocast over half-precision weights: precision bf16 or fp16")
-
-    @property
-    def base_param_bytes(self) -> int:
-        """Bytes per parameter of the loaded model: fp32 masters, or the half dtype (pure bf16, half_weights)."""
-        return 2 if self.half_weights else PRECISIONS[self.precision].weight_bytes
-
-    @property
-    def adapter_param_bytes(self) -> int:
-        return _FP32_BYTES if self.adapter_dtype == "fp32" else self.base_param_bytes
-
-
-def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-
 
 # ---- model facts: read from the config, counted exactly on the meta device --------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """The few config facts the formulas need (everything else the probe reads from the model's code)."""
-
-    layers: int
-    head_dim: int
-    hidden_size: int
-    output_width: int  # vocabulary of a language model, labels of a classifier, 2 for span start/end
-    classifier: bool  # one output per sequence (the anatomy page's BERT), not per token
-    causal_lm: bool  # the only head a chunked LM-head loss applies to
-
-
-def model_shape(config: Any) -> ModelShape:
-    head = activation_probe.model_head(config)
-    return ModelShape(
-        layers=int(config.num_hidden_layers),
-        head_dim=activation_probe.head_dim(config),
-        hidden_size=int(config.hidden_size),
-        output_width=head.output_width(config),
-        classifier=not head.per_token,
-        causal_lm=head.kind == "causal-lm",
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamFacts:
-    """Exact counts from the model built on the meta device (no memory, no weights downloaded)."""
-
-    params: int  # unique parameter elements (tied weights once)
-    tensor_shapes: tuple[tuple[int, ...], ...]  # per unique parameter tensor
-    buffer_bytes: int  # registered buffers (rotary inv_freq, ...), fp32 as built
-    matmul_weight_params: int  # elements of 2-D weights used in matmuls (autocast copies them to half precision)
-    quantizable_params: int  # matmul weights but the output layer's (what QLoRA stores in 4 bits)
-    linear_layers: tuple[tuple[str, int, int, bool], ...]  # (name, in, out, is the output layer) of every matmul
-    largest_layer_params: int  # one decoder layer's parameters (what ZeRO-3/FSDP gathers at a time)
-
-
-_PARAM_FACTS_CACHE: dict[tuple[str, str], ParamFacts] = {}
-
-
-def param_facts(config: Any) -> ParamFacts:
-    """Exact parameter/buffer counts of the model this config builds on the meta device (cached per config)."""
-    key = (type(config).__name__, config.to_json_string(use_diff=False))
-    if key not in _PARAM_FACTS_CACHE:
-        # Built in the config's own dtype, which transformers makes the process's default dtype while it builds: the
-        # build holds the process's torch state, so a run training meanwhile never creates a tensor in it.
-        with exclusive(), torch.device("meta"):
-            model = activation_probe.model_class_for(config).from_config(config)
-        params = list(model.parameters())  # .parameters() yields a tied weight once
-        output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        linear: dict[int, tuple[int, bool]] = {}  # id(weight) -> (elements, is the output layer)
-        layers = []
-        for name, module in model.named_modules():
-            if lora.linear_in_out(module) is not None:  # nn.Linear, transformers' Conv1D (gpt2)
-                linear[id(module.weight)] = (module.weight.numel(), module is output)
-                layers.append((name, *lora.linear_in_out(module), module is output))
-        # Autocast copies every 2-D weight a matmul uses: linear layers, and routers that are plain parameters (MoE
-        # gates). An embedding's weight is looked up, never copied, unless a linear layer shares it (tied lm_head).
-        looked_up = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - set(linear)
-        _PARAM_FACTS_CACHE[key] = ParamFacts(
-            params=sum(p.numel() for p in params),
-            tensor_shapes=tuple(tuple(p.shape) for p in params),
-            buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-            matmul_weight_params=sum(p.numel() for p in params if p.dim() == 2 and id(p) not in looked_up),
-            quantizable_params=sum(n for n, is_output in linear.values() if not is_output),
-            linear_layers=tuple(layers),
-            largest_layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in
-                                     activation_probe.decoder_layers(model, int(config.num_hidden_layers))),
-        )
-    return _PARAM_FACTS_CACHE[key]
-
-
-def lora_adapter_shapes(config: Any, rank: int, targets: Sequence[str]) -> list[tuple[int, int]]:
-    """Shapes of the LoRA A (rank x in) and B (out x rank) matrices peft adds to the targeted linear layers."""
-    shapes = []
-    for name, in_features, out_features, is_output in param_facts(config).linear_layers:
-        if lora.is_lora_target(name, is_output, tuple(targets)):
-            shapes += [(rank, in_features), (out_features, rank)]
-    return shapes
-
-
-@dataclasses.dataclass(frozen=True)
-class Trainable:
-    """What the optimizer updates: every parameter, or the LoRA adapters (fp32 by peft's default)."""
-
-    params: int
-    tensor_shapes: tuple[tuple[int, ...], ...]
-    bytes_per_param: int
-
-
-def trainable(config: Any, settings: TrainingSettings) -> Trainable:
-    facts = param_facts(config)
-    if not settings.lora_rank:
-        return Trainable(facts.params, facts.tensor_shapes, settings.base_param_bytes)
-    shapes = tuple(lora_adapter_shapes(config, settings.lora_rank, settings.lora_targets))
-    return Trainable(sum(math.prod(s) for s in shapes), shapes, settings.adapter_param_bytes)
-
-
-def weight_bytes(config: Any, settings: TrainingSettings) -> int:
-    facts = param_facts(config)
-    param_bytes = settings.base_param_bytes
-    buffers = facts.buffer_bytes * param_bytes // _FP32_BYTES
-    if not settings.lora_rank:
-        return facts.params * param_bytes + buffers
-    adapters = trainable(config, settings)
-    if not settings.quantized_base:
-        return facts.params * param_bytes + adapters.params * adapters.bytes_per_param + buffers
-    # QLoRA keeps the rest of the frozen model (embeddings, norms, output layer) in the base dtype: the half dtype
-    # as loaded, or fp32 after peft's prepare_model_for_kbit_training, which upcasts every non-4-bit parameter.
-    quantized = facts.quantizable_params
-    rest = (facts.params - quantized) * param_bytes
-    return math.ceil(quantized * QLORA_BYTES_PER_PARAM) + rest + adapters.params * adapters.bytes_per_param + buffers
-
-
-def state_tensor_sizes(config: Any, settings: TrainingSettings) -> dict[str, list[int]]:
-    """Bytes of the tensors a step keeps, one entry per tensor, as the CUDA caching allocator is asked for them
-    (memory_reserve.py rounds them into its segments): weights (QLoRA's 4-bit linear weights at their packed size),
-    gradients and optimizer states."""
-    facts = param_facts(config)
-    base = settings.base_param_bytes
-    quantized = collections.Counter((out_features, in_features) for _, in_features, out_features, is_output
-                                    in facts.linear_layers if not is_output) if settings.quantized_base else {}
-    weights = []
-    for dims in facts.tensor_shapes:
-        if quantized.get(dims):
-            quantized[dims] -= 1
-            weights.append(math.ceil(math.prod(dims) * QLORA_BYTES_PER_PARAM))
-        else:
-            weights.append(math.prod(dims) * base)
-    train = trainable(config, settings)
-    trained = [math.prod(dims) * train.bytes_per_param for dims in train.tensor_shapes]
-    if settings.lora_rank:
-        weights += trained
-    states = {"adamw": 2, "sgd": 1}.get(settings.optimizer, 2)  # 8-bit and factored states: two per tensor too
-    per_state = [size // (train.bytes_per_param if settings.optimizer in ("adamw_8bit", "adafactor") else 1)
-                 for size in trained]
-    return {"weights": weights, "gradients": trained, "optimizer": per_state * states}
 
 
 # ---- activations ------------------------------------------------------------------------------------------------
 
-def _probe_spec(step: StepShape, settings: TrainingSettings, checkpointing: bool) -> activation_probe.ProbeSpec:
+def _probe_spec(step: StepShape, settings: TrainingSettings, checkpointing: bool) -> ProbeSpec:
     layout = "packed" if step.packed else ("masked" if step.has_padding else "rows")
     kernel_by_formula = settings.attention in PER_SEGMENT_ATTENTION
-    return activation_probe.ProbeSpec(
+    return ProbeSpec(
         layout=layout, single_row=step.rows == 1, precision=settings.precision,
-        attention=activation_probe.ATTENTION_KERNEL_EXCLUDED if kernel_by_formula else settings.attention,
+        attention=ATTENTION_KERNEL_EXCLUDED if kernel_by_formula else settings.attention,
         checkpointing=checkpointing, lora_rank=settings.lora_rank,
         lora_targets=tuple(settings.lora_targets) if settings.lora_rank else ("all-linear",),
         fused_lm_head=settings.loss == "trl-fused",
@@ -380,7 +135,7 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
     """
     shape = model_shape(config)
     mask_bytes = 1 if settings.device_type == "cuda" else 4  # CUDA's fused dropout keeps a bool mask, CPU a float
-    probed = activation_probe.probed_activations(
+    probed = probed_activations(
         config, _probe_spec(step, settings, settings.gradient_checkpointing), step.rows, step.seq_len, mask_bytes)
     terms, notes, reliable = probed.terms, list(probed.notes), probed.reliable
     kernel = (attention_kernel_terms(shape, step, settings, probed.kernel_heads, probed.kernel_layers)
@@ -389,7 +144,7 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
     if settings.gradient_checkpointing:
         # Inside a checkpointed layer nothing is saved, the kernel's tensors included; one layer at a time is
         # recomputed in backward with everything the forward without checkpointing saves.
-        full = activation_probe.probed_activations(
+        full = probed_activations(
             config, _probe_spec(step, settings, checkpointing=False), step.rows, step.seq_len, mask_bytes)
         recomputed = full.largest_layer_bytes + kernel.get("attention_kernel", 0) // max(probed.kernel_layers, 1)
         notes += [note for note in full.notes if note not in notes]
@@ -401,32 +156,6 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
 
 
 # ---- states, temporaries, peaks ---------------------------------------------------------------------------------
-
-def optimizer_state_bytes(optimizer: str, train: Trainable) -> int:
-    if optimizer == "adamw":
-        # exp_avg + exp_avg_sq in the parameter dtype, plus torch's per-parameter scalar `step` tensor (fp32; on the
-        # host unless the optimizer is fused/capturable, but optimizer state all the same).
-        return 2 * train.bytes_per_param * train.params + _FP32_BYTES * len(train.tensor_shapes)
-    if optimizer == "sgd":
-        return train.bytes_per_param * train.params  # momentum_buffer
-    if optimizer == "adafactor":
-        # transformers' Adafactor (beta1=None): row and column second moments for tensors of 2+ dims, the full
-        # second moment for vectors, and the parameter's RMS, which it keeps as a 0-d fp32 tensor.
-        total = 0
-        for dims in train.tensor_shapes:
-            if len(dims) >= 2:
-                total += math.prod(dims[:-1]) + math.prod(dims[:-2] + dims[-1:])
-            else:
-                total += math.prod(dims)
-        return total * train.bytes_per_param + _FP32_BYTES * len(train.tensor_shapes)
-    total = 0  # adamw_8bit
-    for dims in train.tensor_shapes:
-        n = math.prod(dims)
-        if n >= _ADAM8BIT_MIN_SIZE:
-            total += 2 * n + 2 * _FP32_BYTES * math.ceil(n / _ADAM8BIT_BLOCK)
-        else:
-            total += 2 * _FP32_BYTES * n
-    return total
 
 
 def chunked_head_backward_bytes(shape: ModelShape, step: StepShape, settings: TrainingSettings) -> int:

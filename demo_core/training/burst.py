@@ -138,7 +138,7 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     """
     measured = recorder.measured or {}
     step = step_shape(spec, first_batch.micro_lengths[0])
-    training = burst_memory_settings(spec, run, context_bytes=measured.get("context"))
+    training = burst_memory_settings(spec, run, source.config, context_bytes=measured.get("context"))
     unsharded = memory_estimate.estimate_memory_detail(source.config, step, training)
     estimate = per_device_estimate(source.config, step, training, world_size(), "fsdp") if run.fsdp else unsharded
     # A CPU process has no allocator peak to read (RSS only grows): there the peak is the live tensors at the end of

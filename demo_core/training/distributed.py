@@ -24,7 +24,7 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import PretrainedConfig
 
-from demo_core.attention.varlen import model_class
+from demo_core.attention.capability import model_class
 from demo_core.errors import DemoInputError
 from demo_core.results import Result
 

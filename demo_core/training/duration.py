@@ -19,7 +19,7 @@ from typing import Iterable
 
 from demo_core.config import RunConfig
 from demo_core.training.prepared import Prepared
-from demo_core.memory.estimate import param_facts
+from demo_core.memory.parameters import param_facts
 from demo_core.settings import declared, speed_names
 from demo_core.throughput.work import padded_step_costs
 from demo_core.step_statistics import timed_step_indices

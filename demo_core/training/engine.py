@@ -21,7 +21,7 @@ from demo_core.data import loading as data
 from demo_core.training import distributed
 from demo_core.training import memory_guard
 from demo_core.training.anatomy import initialize_profiler
-from demo_core.attention.varlen import capability
+from demo_core.attention.capability import capability
 from demo_core.training.burst import ProgressFn, release_memory, run_burst
 from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import Limits, RunConfig

@@ -39,9 +39,12 @@ import psutil
 import torch
 
 from demo_core.memory import estimate as memory_estimate
-from demo_core.attention.varlen import VARLEN, bucket_shapes
+from demo_core.memory.step import StepShape, TrainingSettings
+from demo_core.attention.varlen import VARLEN
+from demo_core.attention.segments import bucket_shapes
 from demo_core.collators import CollatorSpec
 from demo_core.config import RunConfig
+from demo_core.memory.plan_request import PlanRequest, training_settings
 from demo_core.training.prepared import Prepared
 from demo_core.training.distributed import world_size
 from demo_core.training.turns import takes_turns
@@ -76,34 +79,30 @@ def available_bytes(device: str) -> int:
     return psutil.virtual_memory().available
 
 
-def mask_check_bytes(step: memory_estimate.StepShape) -> int:
+def mask_check_bytes(step: StepShape) -> int:
     """What varlen's check of the model's mask pattern holds for one forward of `step` (attention.infer_pattern):
     every token pair of each bucket of similar-length segments, padded to the bucket's longest."""
     pairs = sum(n * length * length for n, length in bucket_shapes(step.attention_segments()))
     return MASK_CHECK_BYTES_PER_PAIR * pairs
 
 
-def step_shape(spec: CollatorSpec, lengths: Sequence[int]) -> memory_estimate.StepShape:
+def step_shape(spec: CollatorSpec, lengths: Sequence[int]) -> StepShape:
     """The shape the model computes for a batch of examples of `lengths` under this collator's layout."""
     if spec.layout == "padded":
-        return memory_estimate.StepShape.padded(lengths)
+        return StepShape.padded(lengths)
     if spec.layout == "naive":
         # One row without position restarts: attention runs over the whole row, as over one unpadded example.
-        return memory_estimate.StepShape(1, sum(lengths))
-    return memory_estimate.StepShape.packed_row(lengths)
+        return StepShape(1, sum(lengths))
+    return StepShape.packed_row(lengths)
 
 
-def burst_memory_settings(spec: CollatorSpec, run: RunConfig,
-                          context_bytes: int | None = None) -> memory_estimate.TrainingSettings:
-    """How a burst of this collator trains, for the memory estimate."""
-    return memory_estimate.TrainingSettings(
-        precision=run.precision, optimizer=run.optimizer, attention=run.attention,
-        gradient_checkpointing=run.gradient_checkpointing, device_type=run.device,
-        context_bytes=context_bytes,
-        loss="trl-fused" if spec.trainer == "sft" else "model",  # SFTTrainer computes the loss from a fused LM head
-        gradients_kept=run.grad_accum > 1,  # the gradients live through the later micro-batches' forwards
-        lora_rank=run.lora_rank, lora_targets=run.lora_targets, quantized_base=run.qlora,
-    )
+def burst_memory_settings(spec: CollatorSpec, run: RunConfig, model_config,
+                          context_bytes: int | None = None) -> TrainingSettings:
+    """How a burst of this collator trains, for the memory estimate: the run asked as a plan (`PlanRequest.for_run`,
+    the planner's one way to the estimator's settings), with the loss its trainer computes (SFTTrainer: TRL's
+    chunked LM head) and the CUDA context the burst measured."""
+    request = PlanRequest.for_run(run, loss="chunked" if spec.trainer == "sft" else "full").validated()
+    return dataclasses.replace(training_settings(request, model_config), context_bytes=context_bytes)
 
 
 # ---- the batches a run trains on ---------------------------------------------------------------------------------
@@ -209,7 +208,7 @@ def _processes_sharing_memory(device: str) -> int:
 
 def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max_length: int) -> CollatorMemory:
     """One collator's worst step of the run (the largest of its candidate batches) as the device holds it."""
-    settings = burst_memory_settings(spec, prepared.resolved)
+    settings = burst_memory_settings(spec, prepared.resolved, prepared.source.config)
     sharing = _processes_sharing_memory(prepared.resolved.device)
     worst = None
     for lengths in _worst_candidates(spec, step_lengths(prepared, spec, batch_size, max_length)):
