@@ -10,26 +10,25 @@ batch picture, has a module of its own (`batch_picture`).
 - `anatomy_figure(document)`: where the profiled steps' time went (their median), per collator, by phase and by
   operation.
 
-Labels over bars (`BarLabel`, `stack_labels`) are fitted to their bar's share of the width once the figure is laid
-out (`axes_sizes_pt`), and the y axis ends where the tallest bar's labels do (`top_for`): no text is drawn over
-another, from a phone's width to a desktop's. The planner's figures (`plan_views`) label their bars the same way.
+Labels over bars are fitted to their bar's share of the width (figure_text.py): no text is drawn over another,
+from a phone's width to a desktop's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.textpath import text_to_path
 
 from demo_core.training.anatomy import backward_over_forward
 from demo_core.collators import BASELINE, collator_spec
 
+from presentation.figure_text import (LINE_HEIGHT, TITLE_CHARS_PER_IN, BarLabel, axes_sizes_pt, stack_labels, text_width_pt,
+                                         top_for, wrap_lines,
+                                         wrapped_title)
 from presentation.report import human_bytes
 
 # Each collator's colour and line style come from its registry entry (the same in every figure); the line styles
@@ -45,13 +44,7 @@ FIGURE_DPI = 80
 # Widths of the figures shown beside another on a desktop page; a phone asks for narrower ones.
 LENGTHS_WIDTH_IN, RESULT_WIDTH_IN = 7.5, 6.5
 ANATOMY_WIDTH_IN = 9.5  # two panels side by side
-TITLE_CHARS_PER_IN = 10  # characters per inch of width of a centred title at 10 pt
 Y_AXIS_IN = 0.9  # the y axis' label and tick labels, left of the axes
-
-
-def wrap_lines(text: str, width: int) -> str:
-    """Each line of `text` wrapped at `width` characters (the texts are written for a desktop's width)."""
-    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
 def _text_figure(message: str, width_in: float = 7.0, height_in: float = 3.0, *,
@@ -87,7 +80,7 @@ def lengths_figure(preview: dict, width_in: float = LENGTHS_WIDTH_IN, *, dpi: fl
         summary += f"\n{stats['truncated']} cut to max length {preview['config']['max_length']}"
     axes.text(0.98, 0.55, summary, transform=axes.transAxes, ha="right", va="top", fontsize=8,
               bbox={"facecolor": "white", "edgecolor": "#cccccc"})
-    _title(axes, f"{stats['name']}: example lengths. Padding pays for the longest example in every batch;\n"
+    wrapped_title(axes, f"{stats['name']}: example lengths. Padding pays for the longest example in every batch;\n"
                  f"the wider this spread, the more packing saves", width_in, 10)
     return figure
 
@@ -95,17 +88,6 @@ def lengths_figure(preview: dict, width_in: float = LENGTHS_WIDTH_IN, *, dpi: fl
 # ----------------------------------------------------------------------------------------------------------------
 # Results of a run
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _text_width_pt(text: str, fontsize: float, bold: bool) -> float:
-    """How wide a line is drawn, in points, measured on the font itself (the figure need not be drawn yet)."""
-    font = FontProperties(size=fontsize, weight="bold" if bold else "normal")
-    return text_to_path.get_text_width_height_descent(text, font, ismath=False)[0]
-
-
-def _title(axes, text: str, width_in: float, fontsize: float) -> None:
-    """A title wrapped to the figure's width (the texts are written for a desktop's)."""
-    axes.set_title(wrap_lines(text, int(width_in * TITLE_CHARS_PER_IN * 10 / fontsize)), fontsize=fontsize)
 
 
 def _result_label(result: dict) -> str:
@@ -116,84 +98,12 @@ def _collator_ticks(axes, labels: list[str], axes_in: float) -> None:
     """Collator names under their bars, slanted once they are wider than a bar's share of `axes_in` (the axes' width,
     about: the figure's or panel's less the y axis); a slanted name is one line (two would lean on the next)."""
     share_pt = axes_in * 72 / (len(labels) + 0.2) - 4  # matplotlib pads the bars' span by 0.1 bar each side
-    slanted = any(_text_width_pt(line, 10, False) > share_pt for label in labels for line in label.split("\n"))
+    slanted = any(text_width_pt(line, 10, False) > share_pt for label in labels for line in label.split("\n"))
     axes.set_xticks(range(len(labels)), [label.replace("\n", " ") for label in labels] if slanted else labels,
                     fontsize=8.5 if slanted else 10, rotation=30 if slanted else 0, ha="right" if slanted else "center",
                     rotation_mode="anchor")
 
 
-# ---- labels over bars: each fits its bar's share of the width, and the y axis leaves room for them -------------
-
-LABEL_GAP_PT = 2.0  # between a bar (or its whisker) and its first label, and between stacked labels
-LINE_HEIGHT = 1.25  # a text line's height in font sizes: matplotlib spaces lines by 1.2, the last has its descent
-LABEL_PAD_PT = 1.0  # the white box behind a label, which hides the lines drawn across
-
-
-@dataclasses.dataclass(frozen=True)
-class BarLabel:
-    """A text over a bar in the forms it may take, most complete first. The first that fits the bar's share of the
-    width in `max_lines` lines is drawn; when none does, the last (or, when `optional`, nothing: the tables have
-    every number, an overprinted label helps no one)."""
-
-    forms: tuple[str, ...]
-    fontsize: float = 8.0
-    bold: bool = False
-    color: str = "black"
-    max_lines: int = 2
-    optional: bool = False
-
-
-def _break_words(text: str, width_pt: float, fontsize: float, bold: bool) -> list[str]:
-    """`text` broken at its spaces into lines no wider than `width_pt`, a word wider than that on a line of its own."""
-    lines: list[str] = []
-    for word in text.split(" "):
-        if lines and _text_width_pt(f"{lines[-1]} {word}", fontsize, bold) <= width_pt:
-            lines[-1] += f" {word}"
-        else:
-            lines.append(word)
-    return lines
-
-
-def _fitted(label: BarLabel, width_pt: float) -> list[str] | None:
-    """The lines of the first form of `label` that fits `width_pt` (see BarLabel), None when it is left out."""
-    for form in label.forms:
-        lines = _break_words(form, width_pt, label.fontsize, label.bold)
-        if len(lines) <= label.max_lines and all(_text_width_pt(line, label.fontsize, label.bold) <= width_pt
-                                                 for line in lines):
-            return lines
-    return None if label.optional else _break_words(label.forms[-1], width_pt, label.fontsize, label.bold)
-
-
-def axes_sizes_pt(figure: Figure) -> list[tuple[float, float]]:
-    """Each axes' width per x unit (one bar's share) and height, in points, once the figure is laid out: labels are
-    fitted to them. Constrained layout runs on demand as a draw runs it; the labels added after it lie inside the
-    axes, so the draw lays the figure out the same again."""
-    figure.get_layout_engine().execute(figure)
-    points_per_px = 72 / figure.dpi
-    return [(axes.bbox.width * points_per_px / (axes.get_xlim()[1] - axes.get_xlim()[0]),
-             axes.bbox.height * points_per_px) for axes in figure.axes]
-
-
-def stack_labels(axes, x: float, y: float, labels: list[BarLabel], width_pt: float) -> float:
-    """`labels` stacked upwards from the data point (x, y), each fitted to `width_pt`; the points they take."""
-    offset = LABEL_GAP_PT
-    for label in labels:
-        lines = _fitted(label, width_pt)
-        if lines is None:
-            continue
-        axes.annotate("\n".join(lines), (x, y), xytext=(0, offset), textcoords="offset points", ha="center",
-                      va="bottom", fontsize=label.fontsize, fontweight="bold" if label.bold else "normal",
-                      color=label.color, bbox={"facecolor": "white", "edgecolor": "none", "pad": LABEL_PAD_PT})
-        offset += len(lines) * label.fontsize * LINE_HEIGHT + 2 * LABEL_PAD_PT + LABEL_GAP_PT
-    return offset
-
-
-def top_for(stacks: list[tuple[float, float]], height_pt: float, floor: float = 0.0) -> float:
-    """The y axis' top that fits every (bar top, points of labels over it) and `floor` (a line drawn across): the
-    data plus the label room it needs, no more."""
-    # A label stack over half the axes' height would leave the bars no room: the figure is then too small for them.
-    tops = [top / (1 - min(0.5, room / height_pt)) for top, room in stacks]
-    return max([floor, *tops]) or 1.0
 
 
 # ---- throughput, loss and memory ---------------------------------------------------------------------------------
@@ -235,7 +145,7 @@ def _samples_inside(axes, bars: list, results: list[dict], unit_pt: float, heigh
         if result["samples_per_s"] is None:
             continue
         text = f"{result['samples_per_s']:.1f}\nsamples/s"
-        wide = max(_text_width_pt(line, 8, False) for line in text.split("\n")) <= bar.get_width() * unit_pt - 4
+        wide = max(text_width_pt(line, 8, False) for line in text.split("\n")) <= bar.get_width() * unit_pt - 4
         if wide and bar.get_height() * points_per_unit >= 3 * 8 * LINE_HEIGHT:
             axes.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2, text, ha="center", va="center",
                       fontsize=8, color="white")
@@ -278,7 +188,7 @@ def throughput_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi:
     axes.set_ylabel("real tokens per second (padding not counted)")
     if handles:
         figure.legend(handles=handles, fontsize=8, loc="outside lower center", frameon=False)
-    _title(axes, "Throughput on the same examples, same steps (trimmed mean of timed steps)\n(whisker: middle half "
+    wrapped_title(axes, "Throughput on the same examples, same steps (trimmed mean of timed steps)\n(whisker: middle half "
                  "of steps; bar label: speedup over padded; ⚠: see the flags)", width_in, 10)
     [(unit_pt, height_pt)] = axes_sizes_pt(figure)
     fontsize = 11 if unit_pt >= 60 else 8.5
@@ -315,7 +225,7 @@ def loss_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: float
     axes.ticklabel_format(axis="y", useOffset=False)
     axes.xaxis.get_major_locator().set_params(integer=True)
     figure.legend(fontsize=8, loc="outside lower center", ncols=columns, frameon=False)
-    _title(axes, "Loss per step: correct packing trains exactly like padding\n"
+    wrapped_title(axes, "Loss per step: correct packing trains exactly like padding\n"
                  "(naive concat differs: its examples see each other)", width_in, 10)
     return figure
 
@@ -423,7 +333,7 @@ def memory_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: flo
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (left bar)"))
     figure.legend(handles=handles, fontsize=7.5, ncols=4 if width_in >= RESULT_WIDTH_IN else 3 if width_in >= 4 else 2,
                   loc="outside lower center", frameon=False)
-    _title(axes, title, width_in, 9.5)
+    wrapped_title(axes, title, width_in, 9.5)
     [(unit_pt, height_pt)] = axes_sizes_pt(figure)
     fontsize = 8 if unit_pt >= 60 else 7
     stacks = [(pair.top, stack_labels(axes, index, pair.top, pair.labels(fontsize), unit_pt - 4))

@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gradio as gr
-from matplotlib.figure import Figure
 
 from demo_core import (BUILTIN_DATASETS, EQUAL_LENGTHS, DemoInputError, DeviceEstimate, Plan, PlanRequest,
                        device_estimate, plan, shipped_configs)
@@ -27,6 +26,9 @@ from serving.api_docs import documented_api, settings_endpoint
 from serving.errors import user_errors
 from serving.page import WITH_SCREEN, Screen
 from serving.widgets import settings_form
+
+if TYPE_CHECKING:  # the figures are presentation's; the page only places them
+    from matplotlib.figure import Figure
 
 DEFAULT_MODEL = "Llama-3.2-1B"  # full fine-tune at 8 x 2048: packed fits 40 GB, padded does not
 # The section's inputs as the page opens, by setting name: the declared defaults (PlanRequest), on a question packing

@@ -14,7 +14,9 @@ from typing import Callable
 
 import gradio as gr
 
-from demo_core.settings import Setting, page_settings
+from demo_core.settings import SWITCH_WORDS, Setting, page_settings
+
+SWITCH_CHOICE = {value: word for word, value in SWITCH_WORDS.items()}  # None -> "auto", True -> "on"
 
 
 @dataclasses.dataclass
@@ -38,13 +40,20 @@ class Form:
 
 
 def as_widget_value(widget: gr.components.Component, value):
-    """A list setting typed into a text box (LoRA's targets) is shown comma-separated, as the CLI takes it."""
-    return ",".join(value) if isinstance(widget, gr.Textbox) and isinstance(value, (list, tuple)) else value
+    """A list setting typed into a text box (LoRA's targets) is shown comma-separated, as the CLI takes it; an
+    optional switch as its three-way choice ("auto", "on", "off": settings.SWITCH_WORDS)."""
+    if isinstance(widget, gr.Textbox) and isinstance(value, (list, tuple)):
+        return ",".join(value)
+    if isinstance(widget, gr.Radio) and (value is None or isinstance(value, bool)):
+        return SWITCH_CHOICE[value]
+    return value
 
 
 def _kind(item: Setting) -> str:
     if item.page.kind:
         return item.page.kind
+    if item.base is bool and item.optional:
+        return "switch"
     if item.base is bool:
         return "checkbox"
     if item.base is tuple:
@@ -86,6 +95,8 @@ def _component(item: Setting, value, limits, elem_id: str, enter_hint: str):
         return gr.CheckboxGroup(list(offered or item.builtin_values()), value=list(value), **common), {}
     if kind == "checkbox":
         return gr.Checkbox(value, **common), {}
+    if kind == "switch":  # auto, on or off: a checkbox cannot say "auto" (it read as off)
+        return gr.Radio(list(SWITCH_WORDS), value=SWITCH_CHOICE[value], **common), {}
     raise ValueError(f"{item.name}: unknown widget kind {kind!r}")
 
 

@@ -17,7 +17,8 @@ from demo_core.errors import DemoInputError
 from demo_core.memory.parameters import param_facts
 from demo_core.memory.step import StepShape
 from demo_core.models.sources import PRESETS
-from demo_core.memory.planner import device_estimate, largest_fit_words, per_device_estimate, plan
+from demo_core.memory.planner import device_estimate, per_device_estimate, plan
+from presentation.plan_views import largest_fit_words
 from demo_core.memory.plan_request import GPU_SIZES_GB, PlanRequest, load_config, shipped_configs, training_settings
 
 GIB = 2 ** 30
@@ -199,7 +200,13 @@ def test_a_plan_that_fits_nowhere_says_so_and_what_would_help():
     assert stuck["max_batch_size"] == 0 == stuck["max_seq_length"]
     words = largest_fit_words(stuck)
     assert words.startswith("on 80 GB: not one example of 2,048 tokens fits; no length fits at batch size 8")
-    assert "LoRA" in words
+    assert "LoRA" in words and "gradient checkpointing" in words
+    # The hint names only what the request has not done: LoRA, checkpointing and sharding are on here.
+    lora = plan(PlanRequest(model="Llama-3.3-70B-Instruct", batch_size=64, seq_length=8192, lora_rank=16,
+                            gradient_checkpointing=True, gpus=2, shard="fsdp", gpu_gb=24)).to_dict()
+    hint = largest_fit_words(lora)
+    assert not lora["max_batch_size"] and "QLoRA" in hint
+    assert "LoRA," not in hint and "checkpointing" not in hint and "sharding" not in hint
     fitting = plan(PlanRequest(model="SmolLM2-135M", batch_size=8, seq_length=2048)).to_dict()
     assert largest_fit_words(fitting) == (f"on 80 GB: largest batch size {fitting['max_batch_size']} at 2,048 tokens; "
                                           f"longest sequence {fitting['max_seq_length']:,} tokens at batch size 8")

@@ -1,6 +1,8 @@
 """Settings are declared once (demo_core/settings.py): a new run setting is one field on RunConfig, and it reaches
 the CLI (its flag and help), the page (a widget among the inputs the handlers read), the API (a described parameter
-after today's) and the provenance line, as test_registry.py shows for a new collator."""
+after today's), the provenance line, the resolved configuration every burst trains from, the memory plan of the run
+when the planner takes it too, and the history's speed key when it changes speed, as test_registry.py shows for a new
+collator."""
 
 import dataclasses
 import socket
@@ -13,7 +15,9 @@ import demo_core
 from demo_core import RunConfig
 from commandline import main as cli
 from demo_core.memory.plan_request import PlanRequest
-from demo_core.settings import Widget, api_settings, capped_defaults, declared, page_settings, setting
+from demo_core.settings import (Declaration, Widget, api_settings, capped_defaults, declared, page_settings, setting,
+                                shared_names)
+from demo_core.training import duration, trainers
 from serving import provenance
 
 HELP = "steps of linear learning-rate warm-up before the timed steps"
@@ -101,3 +105,30 @@ def test_defaults_are_lowered_to_the_caps_and_stay_valid():
     defaults = capped_defaults(RunConfig, limits)
     assert (defaults.samples, defaults.steps, defaults.batch_size, defaults.max_length) == (64, 5, 4, 128)
     assert defaults.validated(limits) == defaults.validated(limits).validated(limits)
+
+
+def test_a_new_setting_a_plan_shares_reaches_the_trainer_the_plan_and_the_speed_key(monkeypatch):
+    shared = Declaration(0, minimum=0, speed=True, help=HELP)  # declared once, placed by both
+    run_class = dataclasses.make_dataclass("RunConfig", [("warmup_steps", int, shared.placed(api=NEXT_API))],
+                                           bases=(RunConfig,), frozen=True)
+    plan_class = dataclasses.make_dataclass("PlanRequest", [("warmup_steps", int, shared.placed())],
+                                            bases=(PlanRequest,), frozen=True)
+    assert "warmup_steps" in shared_names(run_class, plan_class)
+    seen = []
+    real_arguments = trainers.training_arguments
+
+    def arguments_seeing_the_run(run, *args, **kwargs):
+        seen.append(run)
+        return real_arguments(run, *args, **kwargs)
+
+    monkeypatch.setattr(trainers, "training_arguments", arguments_seeing_the_run)
+    prepared = demo_core.prepare(run_class(samples=8, steps=2, batch_size=4, warmup_steps=3))
+    demo_core.run_comparison(prepared)
+    assert [run.warmup_steps for run in seen] == [3, 3]  # what each collator's Trainer was built from
+    assert plan_class.for_run(prepared.resolved, loss="full").validated().warmup_steps == 3
+
+    monkeypatch.setattr(duration, "RunConfig", run_class)
+    other = demo_core.prepare(run_class(samples=8, steps=2, batch_size=4, warmup_steps=0))
+    assert duration.speed_key(prepared.document_config()) != duration.speed_key(other.document_config())
+    assert duration.speed_key(other.document_config()) == duration.speed_key(
+        {key: value for key, value in other.document_config().items() if key != "warmup_steps"})  # its default

@@ -133,13 +133,12 @@ class PlanRequest:
             raise DemoInputError("choose a model: a preset, a shipped config, a hub id or a local folder")
         dataset = None if self.dataset in (None, EQUAL_LENGTHS) else self.dataset.strip() or None
         lora = numbers["lora_rank"] > 0
-        checkpointing = resolved_checkpointing(numbers["gradient_checkpointing"], numbers["lora_rank"])
+        numbers["gradient_checkpointing"] = resolved_checkpointing(numbers["gradient_checkpointing"], lora)
         base_dtype = self.base_dtype
         if base_dtype == "auto":
             base_dtype = "half" if lora and self.precision in ("bf16", "fp16") else "fp32"
         return dataclasses.replace(self, model=self.model.strip(), lora_targets=parse_lora_targets(self.lora_targets),
-                                   dataset=dataset,
-                                   gradient_checkpointing=checkpointing, base_dtype=base_dtype,
+                                   dataset=dataset, base_dtype=base_dtype,
                                    optimizer_impl="fused" if self.optimizer_impl == "auto" else self.optimizer_impl,
                                    keep_gradients=bool(self.keep_gradients), **numbers)
 
