@@ -12,6 +12,7 @@ from transformers.optimization import Adafactor
 import demo_core.memory.estimate as estimate
 from demo_core.errors import DemoInputError
 from demo_core.memory.estimate import estimate_memory, estimate_memory_detail
+from demo_core.memory.parameters import lora_adapter_shapes
 from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.memory.measure import CATEGORIES, SavedActivationMeter, tensor_bytes_by_category
 
@@ -222,7 +223,7 @@ def test_lora_adapters_replace_the_trainable_state():
     config = family_config("llama")
     full = estimate_memory_detail(config, StepShape(2, 64), TrainingSettings())
     lora = estimate_memory_detail(config, StepShape(2, 64), TrainingSettings(lora_rank=8))
-    adapters = sum(math.prod(s) for s in estimate.lora_adapter_shapes(config, 8, ("all-linear",)))
+    adapters = sum(math.prod(s) for s in lora_adapter_shapes(config, 8, ("all-linear",)))
     assert lora.trainable_params == adapters
     assert lora.categories["gradients"] == 4 * adapters
     assert lora.categories["weights"] == full.categories["weights"] + 4 * adapters

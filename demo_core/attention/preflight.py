@@ -15,10 +15,13 @@ nothing. For a 1B model that is a few seconds and ~5 GB of fp32 weights on the d
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers.utils import logging as transformers_logging
 
 from demo_core.attention import capability as attention_paths
+from demo_core.attention import varlen
 from demo_core.collators import FlattenCollator, PaddedCollator, collator_spec
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
@@ -63,7 +66,27 @@ def layouts_for(collators) -> tuple[str, ...]:
 
 
 _WHAT = {"packed": "a packed row", "padded": "a padded batch"}
-_REMEDY = {"packed": "run it with padded collators or --attention eager", "padded": "use another attention"}
+# What keeps each example in its own row, whatever the attention path: the collators a packed row's refusal suggests.
+PADDED_COLLATORS = "padded, padded-grouped"
+
+
+@dataclasses.dataclass(frozen=True)
+class Inexact:
+    """Why one attention path does not compute this model exactly: `cause` says it without naming the path, so that
+    a refusal can say one cause once for every path it shares."""
+
+    attention: str
+    layout: str | None  # the layout it failed on ("packed", "padded"), None when the model did not even build
+    cause: str
+    difference: float | None = None  # max |Δlogit| over the logit scale, when the model ran but mixed examples
+
+
+class PackingRefused(DemoInputError):
+    """check_packing_is_exact's refusal of one path, with its `Inexact` for a caller that words several at once."""
+
+    def __init__(self, inexact: Inexact, message: str):
+        super().__init__(message)
+        self.inexact = inexact
 
 
 def _first_line(error: Exception) -> str:
@@ -81,14 +104,22 @@ def _per_example_logits(model, layout: str, source: ModelSource, examples, devic
     return [logits[row, : len(ids)] for row, ids in enumerate(examples)]
 
 
-def _refusing(what: str, action, remedy: str = "use another attention"):
-    """Runs `action`; the model's own errors become a refusal that names them (ours pass through as they are)."""
+class _Failed(Exception):
+    """The model raised on one of the check's forwards: `layout` it was computing, `error` its first line."""
+
+    def __init__(self, layout: str | None, error: str):
+        super().__init__(error)
+        self.layout, self.error = layout, error
+
+
+def _refusing(layout: str | None, action):
+    """Runs `action`; the model's own errors become a `_Failed` that names them (ours pass through as they are)."""
     try:
         return action()
     except DemoInputError:
         raise
     except Exception as error:
-        raise DemoInputError(f"the model fails on {what} ({_first_line(error)}); {remedy}") from None
+        raise _Failed(layout, _first_line(error)) from None
 
 
 @torch.no_grad()
@@ -98,27 +129,41 @@ def measure_packing(source: ModelSource, attention: str, device: str, layouts, s
     with exclusive(seed):  # no other thread moves its weights, dtype or generators mid-check; it moves none
         examples = check_examples(source)
         with torch.device(device):
-            model = _refusing(f"building it with {attention}", lambda: source.build(attention, seed=seed)).eval()
+            model = _refusing(None, lambda: source.build(attention, seed=seed)).eval()
             # The reference shares the weights when the model can switch attention in place (transformers' rule).
             reference = model if type(model)._can_set_attn_implementation() else source.build("eager", seed=seed).eval()
-        calls_before = attention_paths.calls.count
-        packed = {layout: _refusing(_WHAT[layout], lambda: _per_example_logits(model, layout, source, examples, device),
-                                    _REMEDY[layout])
+        calls_before = varlen.calls.count
+        packed = {layout: _refusing(layout, lambda: _per_example_logits(model, layout, source, examples, device))
                   for layout in layouts}
-        if attention == attention_paths.VARLEN and attention_paths.calls.count == calls_before:
-            raise DemoInputError("its layers never called varlen attention: they compute attention in their own code")
+        if attention == varlen.VARLEN and varlen.calls.count == calls_before:
+            raise _Failed(None, "its layers never called varlen attention: they compute attention in their own code")
         if attention != "eager":
             reference.set_attn_implementation("eager")
-        alone = [_refusing("one example on eager", lambda: reference(input_ids=torch.tensor([ids], device=device),
-                                                                     use_cache=False).logits[0].float())
+        alone = [_refusing("alone", lambda: reference(input_ids=torch.tensor([ids], device=device),
+                                                      use_cache=False).logits[0].float())
                  for ids in examples]
         scale = max(1.0, max(float(logits.abs().max()) for logits in alone))
         return {layout: max(float((p - a).abs().max()) for p, a in zip(logits, alone)) / scale
                 for layout, logits in packed.items()}
 
 
+def _cause(failed: _Failed) -> str:
+    if failed.layout is None:
+        return failed.error if failed.error.startswith("its layers") else f"the model fails to build ({failed.error})"
+    what = "one example alone on eager" if failed.layout == "alone" else _WHAT[failed.layout]
+    return f"the model fails on {what} ({failed.error})"
+
+
+def _mixing(layout: str, differences: list[float], tolerance: float) -> str:
+    low, high = min(differences), max(differences)
+    measured = f"{high:.1e}" if low == high or f"{low:.1e}" == f"{high:.1e}" else f"{low:.1e} to {high:.1e}"
+    return (f"{_WHAT[layout]} computes each example differently from the example alone on eager (max |Δlogit| "
+            f"{measured} of the logit scale, tolerance {tolerance:.0e}): examples affect each other (convolution or "
+            f"recurrent layers, masks that ignore position_ids) or the attention path leaves out a feature of this model")
+
+
 def check_packing_is_exact(source: ModelSource, attention: str, device: str, collators) -> None:
-    """Refuses (DemoInputError) a run whose layouts would not compute each example as if it were alone."""
+    """Refuses (PackingRefused) a run whose layouts would not compute each example as if it were alone."""
     layouts = layouts_for(collators)
     key = (source.name, source.config.to_json_string(), attention, device, layouts)
     if not layouts or key in _passed:
@@ -130,39 +175,91 @@ def check_packing_is_exact(source: ModelSource, attention: str, device: str, col
     transformers_logging.set_verbosity_error()
     try:
         differences = measure_packing(source, attention, device, layouts)
-    except DemoInputError as refusal:
-        raise DemoInputError(f"{where}: {refusal}") from None
+    except _Failed as failed:
+        inexact = Inexact(attention, failed.layout if failed.layout in _WHAT else None, _cause(failed))
+        raise PackingRefused(inexact, f"{where}: {inexact.cause}") from None
     finally:
         transformers_logging.set_verbosity(verbosity)
-    tolerance = HALF_PRECISION_TOLERANCE if attention == "flash_attention_2" else TOLERANCE
+    tolerance = _tolerance(attention)
     for layout, difference in differences.items():
         if difference > tolerance:
-            raise DemoInputError(
-                f"{where}: {_WHAT[layout]} computes each example differently from the example alone on eager (max "
-                f"|Δlogit| {difference:.1e} of the logit scale, tolerance {tolerance:.0e}): examples affect each "
-                f"other (convolution or recurrent layers, masks that ignore position_ids) or the attention path "
-                f"leaves out a feature of this model; {_REMEDY[layout]}"
-            )
+            inexact = Inexact(attention, layout, _mixing(layout, [difference], tolerance), difference)
+            raise PackingRefused(inexact, f"{where}: {inexact.cause}")
     _passed.add(key)
+
+
+def _tolerance(attention: str) -> float:
+    return HALF_PRECISION_TOLERANCE if attention == "flash_attention_2" else TOLERANCE
+
+
+def _paths(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _refusal(source: ModelSource, device: str, refused: list[Inexact], remedy: str) -> str:
+    """One cause once, with the paths that share it, then what would work: "no attention path computes lfm2 exactly
+    on cpu with these collators: on varlen, sdpa and eager, a packed row computes each example differently ...;
+    run it with padded collators only (padded, padded-grouped)"."""
+    groups: dict[tuple, list[Inexact]] = {}
+    for inexact in refused:  # mixing on one layout is one cause whatever its size on each path
+        key = (inexact.layout, "mixes") if inexact.difference is not None else (inexact.layout, inexact.cause)
+        groups.setdefault(key, []).append(inexact)
+    causes = []
+    for (layout, _), members in groups.items():
+        differences = [m.difference for m in members if m.difference is not None]
+        cause = _mixing(layout, differences, max(_tolerance(m.attention) for m in members)) if differences \
+            else members[0].cause
+        causes.append(cause if len(refused) == 1 else f"on {_paths([m.attention for m in members])}, {cause}")
+    head = (f"packing check for {source.family} on {refused[0].attention} ({device})" if len(refused) == 1 else
+            f"no attention path computes {source.family} exactly on {device} with these collators")
+    return f"{head}: {'; '.join(causes)}; {remedy}"
+
+
+def _what_works(source: ModelSource, device: str, collators, refused: list[Inexact]) -> str:
+    """The change that would train this model exactly: another attention path that passes the check (tried here,
+    so that the suggestion is one that works), else padded collators when only packed rows failed."""
+    tried = {inexact.attention for inexact in refused}
+    for candidate in attention_paths.AUTO_ORDER:
+        if candidate in tried or not attention_paths.capability(source.config, candidate, device)[0]:
+            continue
+        try:
+            check_packing_is_exact(source, candidate, device, collators)
+        except PackingRefused as other:
+            refused.append(other.inexact)
+            continue
+        return f"--attention {candidate} computes it exactly"
+    if all(inexact.layout == "packed" for inexact in refused):
+        return f"run it with padded collators only ({PADDED_COLLATORS}), which keep each example in its own row"
+    return f"no attention path here trains {source.family} exactly, padded or packed"
 
 
 def exact_attention(source: ModelSource, requested: str, device: str, collators) -> str:
     """The attention the run will use: a named one must pass its capability and this check; `auto` takes the first
-    path in `capability.AUTO_ORDER` that does both, and refuses with every path's reason when none does."""
+    path in `capability.AUTO_ORDER` that does both. A refusal says each cause once and what would work instead."""
     if requested != "auto":
-        attention = attention_paths.resolve_attention(requested, source.config, device)
-        check_packing_is_exact(source, attention, device, collators)
-        return attention
-    reasons = []
-    for candidate in attention_paths.AUTO_ORDER:
-        works, why = attention_paths.capability(source.config, candidate, device)
+        works, why = attention_paths.capability(source.config, requested, device)
         if not works:
+            remedy = _what_works(source, device, collators, [Inexact(requested, None, why)])
+            raise DemoInputError(f"attention {requested!r} is unavailable for {source.family} on {device}: {why}; "
+                                 f"{remedy}")
+        attention = requested
+        try:
+            check_packing_is_exact(source, attention, device, collators)
+        except PackingRefused as refused:
+            inexacts = [refused.inexact]
+            remedy = _what_works(source, device, collators, inexacts)
+            raise DemoInputError(_refusal(source, device, inexacts[:1], remedy)) from None
+        return attention
+    refused: list[Inexact] = []
+    for candidate in attention_paths.AUTO_ORDER:
+        if not attention_paths.capability(source.config, candidate, device)[0]:
             continue
         try:
             check_packing_is_exact(source, candidate, device, collators)
-        except DemoInputError as refusal:
-            reasons.append(str(refusal))
+        except PackingRefused as refusal:
+            refused.append(refusal.inexact)
             continue
         return candidate
-    raise DemoInputError("no attention path computes this model exactly with these collators: "
-                         + "; ".join(reasons))
+    if not refused:
+        raise DemoInputError(f"no attention path works for {source.family} on {device}")
+    raise DemoInputError(_refusal(source, device, refused, _what_works(source, device, collators, refused)))
