@@ -112,7 +112,7 @@ class PlanRequest:
         """A resolved run (RunConfig.resolved) asked as a plan: the settings both declare, as they are, and how the
         run loads its model (fp32 weights, autocast for bf16/fp16) with the loss its trainer computes (`loss`:
         full, or TRL's chunked LM head)."""
-        shared = {name: getattr(run, name) for name in shared_names(RunConfig, cls)}
+        shared = {name: getattr(run, name) for name in shared_names(type(run), cls)}
         return cls(model=run.model, precision=run.precision, optimizer=run.optimizer, device=run.device,
                    grad_accum=run.grad_accum, base_dtype="fp32", loss=loss, **shared)
 
