@@ -32,16 +32,16 @@ import gradio as gr  # noqa: E402
 import demo_core  # noqa: E402
 from demo_core import Limits, RunConfig  # noqa: E402
 from demo_core.settings import capped_defaults  # noqa: E402
-from serving.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
-from serving.stop import TIME_BUDGET  # noqa: E402
+from presentation import headline  # noqa: E402
 from serving import gpu, history_view, layout, page, planner_page, provenance, runs, uploads, views  # noqa: E402
 from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, documented_api,  # noqa: E402
                               settings_endpoint)
-from presentation import headline  # noqa: E402
 from serving.errors import user_errors  # noqa: E402
+from serving.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
 from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
 from serving.page import Screen  # noqa: E402
 from serving.sessions import Session  # noqa: E402
+from serving.stop import TIME_BUDGET  # noqa: E402
 from serving.uploads import Upload  # noqa: E402
 
 LIMITS = Limits.from_env()

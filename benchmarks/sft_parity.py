@@ -21,9 +21,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from test_sft import (  # noqa: E402
+    ALPACA,
+    DOLLY,
+    GSM8K,
+    LLAMA_FACTORY_ALPACA,
+    LLAMA_FACTORY_TOOLS,
+    OASST_TREES,
+    OPENAI_CHAT,
+    SHAREGPT,
+    TRL_PROMPT_COMPLETION,
+)
+
 from demo_core import RunConfig, run_comparison  # noqa: E402
-from test_sft import (ALPACA, DOLLY, GSM8K, LLAMA_FACTORY_ALPACA, LLAMA_FACTORY_TOOLS, OASST_TREES,  # noqa: E402
-                      OPENAI_CHAT, SHAREGPT, TRL_PROMPT_COMPLETION)
 
 COLLATORS = ("padded", "flatten", "trl-padding-free")
 CASES = [

@@ -8,16 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from presentation.report import format_report, text_table  # the CLI's words, as the page's: one presentation
-
-from demo_core.training import distributed
-from demo_core.attention.capability import capability_table
 from commandline.plan import add_plan_parser, run_plan
+from demo_core.attention.capability import capability_table
 from demo_core.config import RunConfig
-from demo_core.training.engine import run_comparison
 from demo_core.errors import DemoInputError
 from demo_core.results import write_json
 from demo_core.settings import add_arguments, from_arguments
+from demo_core.training import distributed
+from demo_core.training.engine import run_comparison
+from presentation.report import format_report, text_table  # the CLI's words, as the page's: one presentation
 
 
 class _Parser(argparse.ArgumentParser):

@@ -7,8 +7,8 @@ DemoInputError, which main.py prints as one `error: ...` line with exit status 2
 
 from __future__ import annotations
 
-from demo_core.memory.planner import plan
 from demo_core.memory.plan_request import PlanRequest
+from demo_core.memory.planner import plan
 from demo_core.results import write_json
 from demo_core.settings import add_arguments, from_arguments
 from presentation.plan_views import format_plan, plan_document

@@ -13,18 +13,18 @@ The engine returns numbers; the figures, tables and sentences that show them are
 """
 
 from demo_core import settings
-from demo_core.training.anatomy import initialize_profiler
 from demo_core.collators import COLLATORS, CollatorSpec
 from demo_core.config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
 from demo_core.data.loading import BUILTIN_DATASETS
-from demo_core.training.engine import prepare, preview, run_comparison
-from demo_core.training.prepared import Prepared
 from demo_core.errors import DemoInputError
 from demo_core.memory.measure import CATEGORIES as MEMORY_CATEGORIES
-from demo_core.models.sources import PRESETS
-from demo_core.memory.planner import DeviceEstimate, Plan, device_estimate, plan
 from demo_core.memory.plan_request import EQUAL_LENGTHS, GIB, PlanRequest, shipped_configs
+from demo_core.memory.planner import DeviceEstimate, Plan, device_estimate, plan
+from demo_core.models.sources import PRESETS
 from demo_core.results import Comparison, Result, write_json
+from demo_core.training.anatomy import initialize_profiler
+from demo_core.training.engine import prepare, preview, run_comparison
+from demo_core.training.prepared import Prepared
 
 __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
            "DeviceEstimate", "EQUAL_LENGTHS", "GIB", "Limits", "MEMORY_CATEGORIES",

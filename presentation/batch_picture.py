@@ -21,10 +21,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from demo_core.collators import collator_spec
 from demo_core.config import PER_SEGMENT_ATTENTION
-
-from presentation.plots import FIGURE_DPI
-
 from presentation.figure_text import wrap_lines
+from presentation.plots import FIGURE_DPI
 
 EXAMPLE_COLORS = colormaps["tab10"].colors  # one colour per example of the batch (not per collator)
 PAD_COLOR = "#dcdcdc"

@@ -25,7 +25,6 @@ from __future__ import annotations
 from html import escape
 
 from demo_core.collators import BASELINE, collator_spec
-
 from presentation.report import contamination_skipped, flags_in_words, human_bytes, result_entries
 
 CARDS_UP_TO = 3  # packed collators shown as cards; more become a compact table

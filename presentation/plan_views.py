@@ -11,11 +11,10 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from demo_core import GIB, MEMORY_CATEGORIES as CATEGORIES, DeviceEstimate, Plan
-
-from presentation.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN
-
+from demo_core import GIB, DeviceEstimate, Plan
+from demo_core import MEMORY_CATEGORIES as CATEGORIES
 from presentation.figure_text import TITLE_CHARS_PER_IN, BarLabel, axes_sizes_pt, stack_labels, top_for, wrap_lines
+from presentation.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN
 
 GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
 

@@ -23,12 +23,19 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from demo_core.training.anatomy import backward_over_forward
 from demo_core.collators import BASELINE, collator_spec
-
-from presentation.figure_text import (LINE_HEIGHT, TITLE_CHARS_PER_IN, BarLabel, axes_sizes_pt, stack_labels, text_width_pt,
-                                         top_for, wrap_lines,
-                                         wrapped_title)
+from demo_core.training.anatomy import backward_over_forward
+from presentation.figure_text import (
+    LINE_HEIGHT,
+    TITLE_CHARS_PER_IN,
+    BarLabel,
+    axes_sizes_pt,
+    stack_labels,
+    text_width_pt,
+    top_for,
+    wrap_lines,
+    wrapped_title,
+)
 from presentation.report import human_bytes
 
 # Each collator's colour and line style come from its registry entry (the same in every figure); the line styles

@@ -20,9 +20,9 @@ import io
 from pathlib import Path
 from typing import Any, Callable
 
-from demo_core.training.anatomy import OP_CLASSES, PHASES, backward_over_forward
 from demo_core.collators import BASELINE, COLLATORS, collator_spec
 from demo_core.results import ABOVE_IDEAL_TOLERANCE
+from demo_core.training.anatomy import OP_CLASSES, PHASES, backward_over_forward
 
 
 def human_bytes(count: float) -> str:

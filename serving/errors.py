@@ -15,7 +15,6 @@ import logging
 import gradio as gr
 
 import demo_core
-
 from serving.uploads import RedactUploadPaths
 
 logger = logging.getLogger("packing_lab.app")

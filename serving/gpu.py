@@ -22,9 +22,8 @@ from typing import Iterator
 
 import demo_core
 from demo_core import Limits, RunConfig
-from serving.stop import StopSignal
-
 from serving.errors import user_errors
+from serving.stop import StopSignal
 
 try:  # ZeroGPU on Hugging Face Spaces; `spaces` is a no-op elsewhere, and optional off Spaces
     import spaces

@@ -8,10 +8,9 @@ another visitor's run is the same as for no run at all, so that deleting cannot 
 from __future__ import annotations
 
 from demo_core import DemoInputError
-from serving.history import HistoryEntry, RunHistory
 from presentation import report
-
 from serving import downloads
+from serving.history import HistoryEntry, RunHistory
 from serving.sessions import Session
 
 PRIVATE_MARK = " (private to this tab)"

@@ -14,7 +14,6 @@ from pathlib import Path
 import demo_core
 from demo_core import DemoInputError, Limits, RunConfig
 from serving.history import data_dir
-
 from serving.uploads import Upload, upload_folder
 
 ALLOWED_ROOTS_ENV = "PACKING_LAB_ALLOWED_ROOTS"

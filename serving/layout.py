@@ -12,7 +12,6 @@ import gradio as gr
 from demo_core import Limits, RunConfig
 from demo_core.settings import page_settings
 from presentation import report
-
 from serving import provenance
 from serving.widgets import Form, settings_form
 

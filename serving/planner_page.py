@@ -16,12 +16,20 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gradio as gr
 
-from demo_core import (BUILTIN_DATASETS, EQUAL_LENGTHS, DemoInputError, DeviceEstimate, Plan, PlanRequest,
-                       device_estimate, plan, shipped_configs)
+from demo_core import (
+    BUILTIN_DATASETS,
+    EQUAL_LENGTHS,
+    DemoInputError,
+    DeviceEstimate,
+    Plan,
+    PlanRequest,
+    device_estimate,
+    plan,
+    shipped_configs,
+)
 from demo_core.settings import page_settings
 from presentation.plan_views import bars_figure, plan_document, scaling_figure, summary_markdown
 from presentation.plots import RESULT_WIDTH_IN
-
 from serving.api_docs import documented_api, settings_endpoint
 from serving.errors import user_errors
 from serving.page import WITH_SCREEN, Screen

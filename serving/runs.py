@@ -21,10 +21,9 @@ import os
 from typing import Iterator
 
 from demo_core import DemoInputError, Limits, Prepared
-from serving.history import RunHistory
 from demo_core.training import duration
-
 from serving import gpu
+from serving.history import RunHistory
 from serving.sessions import Session
 from serving.uploads import Upload
 

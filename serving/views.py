@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from presentation import batch_picture as picture, headline, plots, report
-
+from presentation import batch_picture as picture
+from presentation import headline, plots, report
 from serving import downloads
 from serving.layout import GLANCE_MIN_PX
 from serving.page import Screen

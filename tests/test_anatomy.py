@@ -5,8 +5,16 @@ import torch
 from torch.profiler import profile
 
 from demo_core import RunConfig, run_comparison
-from demo_core.training.anatomy import OP_CLASSES, PHASES, StepProfiler, _ModuleRanges, classify_events, classify_op, robust_anatomy
 from demo_core.step_statistics import profiled_steps
+from demo_core.training.anatomy import (
+    OP_CLASSES,
+    PHASES,
+    StepProfiler,
+    _ModuleRanges,
+    classify_events,
+    classify_op,
+    robust_anatomy,
+)
 from presentation import report
 
 

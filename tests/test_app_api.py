@@ -12,10 +12,10 @@ import pytest
 from gradio_client import Client
 
 import demo_core
-from serving.history import RunHistory
 from presentation import report
 from serving import provenance
 from serving.api_docs import PreviewDocument, RunDocument, RunSummary
+from serving.history import RunHistory
 
 SMALL_RUN = dict(samples=128, steps=10, batch_size=8)
 

@@ -8,8 +8,8 @@ from test_timing import make_result
 
 from demo_core import RunConfig, run_comparison
 from demo_core.memory.measure import PhasePeaks, measured_peak
-from presentation.report import best_speedup
 from demo_core.results import compare
+from presentation.report import best_speedup
 
 
 def test_each_collator_has_the_ideal_of_its_own_batches():

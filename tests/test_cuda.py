@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from demo_core import RunConfig, run_comparison
-from demo_core.attention import capability
-from demo_core.attention import varlen as attention
-from demo_core.attention import preflight
+from demo_core.attention import capability, preflight
 from demo_core.attention import kernels as torch_varlen
+from demo_core.attention import varlen as attention
 from demo_core.errors import DemoInputError
 from demo_core.models.sources import byte_tokenizer, config_source
+
 from model_families import FAMILIES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -9,8 +9,8 @@ import pytest
 
 from demo_core import DemoInputError
 from demo_core.data.loading import builtin_records, load
-from demo_core.models.sources import byte_tokenizer
 from demo_core.data.readers import read_file
+from demo_core.models.sources import byte_tokenizer
 
 BOM = b"\xef\xbb\xbf"
 

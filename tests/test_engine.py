@@ -141,8 +141,7 @@ def test_a_run_packs_its_data_once_for_the_preview_and_every_burst(monkeypatch):
     # Best-fit-decreasing over the whole data takes seconds at the sample cap: bfd and trl-bfd's pictures and bfd's
     # burst read the same packed rows (trl-bfd's SFTTrainer packs inside TRL, as the blog's recipe does).
     from demo_core import preview
-    from demo_core.training import engine
-    from demo_core.training import trainers
+    from demo_core.training import engine, trainers
 
     packings = []
     real_pack = trainers.pack_dataset

@@ -20,10 +20,10 @@ from huggingface_hub import constants
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from demo_core import DemoInputError, RunConfig, preview
+from demo_core.memory.plan_request import PlanRequest, load_config
+from demo_core.memory.planner import plan
 from demo_core.models.hub import HUB_CHECK_TIMEOUT_S, offline_reason
 from demo_core.models.sources import load_model_source
-from demo_core.memory.planner import plan
-from demo_core.memory.plan_request import PlanRequest, load_config
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

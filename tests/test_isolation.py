@@ -24,14 +24,14 @@ from gradio_client import Client
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
 from demo_core import RunConfig, run_comparison
+from demo_core.attention.contamination import contamination_check
+from demo_core.attention.preflight import measure_packing
+from demo_core.isolation import exclusive
 from demo_core.memory import probe as activation_probe
+from demo_core.memory.parameters import param_facts
 from demo_core.memory.probe import activation_fit
 from demo_core.memory.probe_model import ProbeSpec
-from demo_core.attention.contamination import contamination_check
-from demo_core.isolation import exclusive
-from demo_core.memory.parameters import param_facts
 from demo_core.models.sources import byte_tokenizer, load_model_source
-from demo_core.attention.preflight import measure_packing
 
 RUN = dict(dataset="flan-like", samples=16, collators=("padded", "flatten"), steps=3, batch_size=4, seed=1,
            max_length=256)

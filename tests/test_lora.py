@@ -9,16 +9,15 @@ import math
 import pytest
 import torch
 
-from demo_core import DemoInputError, RunConfig, run_comparison
-
 from commandline.main import main
-from demo_core.training.engine import prepare
-from demo_core.training.lora import check_qlora, with_lora
+from demo_core import DemoInputError, RunConfig, run_comparison
 from demo_core.memory.parameters import lora_adapter_shapes
+from demo_core.memory.plan_request import PlanRequest, load_config, training_settings
+from demo_core.memory.planner import per_device_estimate
 from demo_core.memory.step import StepShape
 from demo_core.models.sources import load_model_source
-from demo_core.memory.planner import per_device_estimate
-from demo_core.memory.plan_request import PlanRequest, load_config, training_settings
+from demo_core.training.engine import prepare
+from demo_core.training.lora import check_qlora, with_lora
 
 SMALL = dict(dataset="flan-like", samples=24, steps=4, batch_size=4, lora_rank=8)
 STATES = ("weights", "gradients", "optimizer")

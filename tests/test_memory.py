@@ -6,15 +6,16 @@ import math
 
 import pytest
 import torch
-from tiny_models import VOCAB, build, family_config, packed_batch, padded_batch, saved_bytes, segment_lengths
 from transformers.optimization import Adafactor
 
 import demo_core.memory.estimate as estimate
 from demo_core.errors import DemoInputError
 from demo_core.memory.estimate import estimate_memory, estimate_memory_detail
+from demo_core.memory.measure import CATEGORIES, SavedActivationMeter, tensor_bytes_by_category
 from demo_core.memory.parameters import lora_adapter_shapes
 from demo_core.memory.step import StepShape, TrainingSettings
-from demo_core.memory.measure import CATEGORIES, SavedActivationMeter, tensor_bytes_by_category
+
+from tiny_models import VOCAB, build, family_config, packed_batch, padded_batch, saved_bytes, segment_lengths
 
 PRESET_FAMILIES = ["llama", "mistral", "qwen2", "gemma", "phi3", "granite", "gpt2"]
 

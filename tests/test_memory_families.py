@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build, family_config, packed_batch, padded_batch, saved_bytes
 
 from demo_core.memory.estimate import estimate_memory_detail
-
 from demo_core.memory.step import StepShape, TrainingSettings
+
+from tiny_models import build, family_config, packed_batch, padded_batch, saved_bytes
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gemma3_text", "phi3", "granite", "gpt2",
             "starcoder2", "stablelm", "cohere", "smollm3", "gpt_neox", "phi", "mixtral", "qwen3_moe", "opt"]

@@ -10,14 +10,13 @@ import re
 
 import pytest
 
-from demo_core import RunConfig, prepare, preview
 from commandline import main as cli
-from demo_core.training import engine
-from demo_core.training import memory_guard
-from presentation import report
+from demo_core import RunConfig, prepare, preview
 from demo_core.attention.contamination import contamination_check
 from demo_core.models.sources import load_model_source
+from demo_core.training import engine, memory_guard
 from demo_core.training.trainers import RecordingTrainer
+from presentation import report
 
 SMALL = dict(model="tiny-llama", dataset="flan-like", samples=16, collators=("padded", "flatten"), steps=3,
              batch_size=4, max_length=512)

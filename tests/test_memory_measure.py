@@ -8,12 +8,12 @@ import types
 
 import pytest
 import torch
-from tiny_models import build, family_config, padded_batch
 
 import demo_core.memory.measure as memory
 from demo_core.memory.estimate import estimate_memory
 from demo_core.memory.step import StepShape
 
+from tiny_models import build, family_config, padded_batch
 
 # ---- tensors, the meter, the report ---------------------------------------------------------------------------
 

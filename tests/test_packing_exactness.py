@@ -13,10 +13,11 @@ import re
 import pytest
 import torch
 
-from demo_core.attention import varlen as attention
 from demo_core.attention import preflight
+from demo_core.attention import varlen as attention
 from demo_core.errors import DemoInputError
 from demo_core.models.sources import byte_tokenizer, config_source
+
 from model_families import FAMILIES, WINDOW, measure_family
 
 TOLERANCE = 1e-4

@@ -10,16 +10,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from demo_core import RunConfig, run_comparison
 from commandline.main import main
-from demo_core.training.engine import prepare
+from demo_core import RunConfig, run_comparison
 from demo_core.errors import DemoInputError
 from demo_core.memory.parameters import param_facts
+from demo_core.memory.plan_request import GPU_SIZES_GB, PlanRequest, load_config, shipped_configs, training_settings
+from demo_core.memory.planner import device_estimate, per_device_estimate, plan
 from demo_core.memory.step import StepShape
 from demo_core.models.sources import PRESETS
-from demo_core.memory.planner import device_estimate, per_device_estimate, plan
+from demo_core.training.engine import prepare
 from presentation.plan_views import largest_fit_words
-from demo_core.memory.plan_request import GPU_SIZES_GB, PlanRequest, load_config, shipped_configs, training_settings
 
 GIB = 2 ** 30
 SMALL_RUN = dict(model="tiny-llama", dataset="flan-like", samples=24, steps=2, batch_size=4, precision="fp32",

@@ -6,17 +6,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tiny_models import family_config
 
-from demo_core.memory import probe as activation_probe
-from demo_core.memory import estimate as memory_estimate
-from demo_core.memory import reserve as memory_reserve
 from demo_core.errors import DemoInputError
+from demo_core.memory import estimate as memory_estimate
+from demo_core.memory import probe as activation_probe
+from demo_core.memory import reserve as memory_reserve
 from demo_core.memory.estimate import bert_large_config, estimate_memory_detail
-from demo_core.memory.step import StepShape, TrainingSettings
-from demo_core.memory.reserve import MIB, segment_bytes
-from demo_core.memory.planner import device_estimate, plan
 from demo_core.memory.plan_request import PlanRequest, load_config, shipped_configs
+from demo_core.memory.planner import device_estimate, plan
+from demo_core.memory.reserve import MIB, segment_bytes
+from demo_core.memory.step import StepShape, TrainingSettings
+
+from tiny_models import family_config
 
 GIB = 2 ** 30
 

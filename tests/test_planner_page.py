@@ -5,10 +5,11 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
+from demo_core.errors import DemoInputError
 from serving import planner_page
 from serving.page import Screen
+
 from figure_checks import cut_off, overlapping
-from demo_core.errors import DemoInputError
 
 GIB = 2 ** 30
 QLORA_8B = dict(model="Llama-3.1-8B", batch_size=4, seq_length=2048, dataset="flan-like", packed=True,

@@ -12,6 +12,7 @@ from matplotlib.text import Annotation
 import demo_core
 from presentation import batch_picture, plots
 from presentation.report import human_bytes
+
 from figure_checks import PHONE_IN, cut_off, drawn_texts, overlapping
 
 # 5 steps: step 1 is warm-up and step 2 profiled, so 3 are timed, the fewest that give a speedup.

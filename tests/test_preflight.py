@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AttentionInterface, Gemma2Config, Lfm2Config, MistralConfig, Starcoder2Config
 
+from commandline.main import main
 from demo_core import RunConfig, run_comparison
 from demo_core.attention import preflight
-from commandline.main import main
 from demo_core.attention.contamination import contamination_check
 from demo_core.errors import DemoInputError
 from demo_core.models.sources import byte_tokenizer, config_source, load_model_source

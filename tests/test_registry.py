@@ -7,9 +7,9 @@ import matplotlib.colors
 import pytest
 
 import demo_core
-from presentation import batch_picture, plots
 from commandline.main import main
 from demo_core.collators import COLLATORS, CollatorSpec, FlattenCollator
+from presentation import batch_picture, plots
 
 
 def test_every_collator_has_its_own_colour_and_line_style():

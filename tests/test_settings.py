@@ -12,11 +12,19 @@ import pytest
 from gradio_client import Client
 
 import demo_core
-from demo_core import RunConfig
 from commandline import main as cli
+from demo_core import RunConfig
 from demo_core.memory.plan_request import PlanRequest
-from demo_core.settings import (Declaration, Widget, api_settings, capped_defaults, declared, page_settings, setting,
-                                shared_names)
+from demo_core.settings import (
+    Declaration,
+    Widget,
+    api_settings,
+    capped_defaults,
+    declared,
+    page_settings,
+    setting,
+    shared_names,
+)
 from demo_core.training import duration, trainers
 from serving import provenance
 

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 import demo_core
-from presentation import plots
 from demo_core.models.sources import ModelSource
+from presentation import plots
 
 RUN = dict(collators=("padded", "flatten"), steps=2, batch_size=8)  # batch 8 of FLAN-like lengths: a 1024-token row
 

@@ -7,9 +7,9 @@ import torch
 
 from demo_core.models.sources import load_model_source
 from demo_core.results import Result, compare
-from demo_core.training.turns import Turns
 from demo_core.step_statistics import interquartile_mean, timed_step_indices, weighted_quantile
 from demo_core.throughput.work import WorkModel, step_flops
+from demo_core.training.turns import Turns
 
 
 def make_result(collator: str, step_times_s: list[float], slots: list[int], real: list[int] | None = None,

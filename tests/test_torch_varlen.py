@@ -13,10 +13,10 @@ import inspect
 import pytest
 import torch
 
-from demo_core.attention import varlen as attention
 from demo_core.attention import kernels as torch_varlen
-from demo_core.models.sources import byte_tokenizer, config_source
+from demo_core.attention import varlen as attention
 from demo_core.attention.kernels import VarlenKernel
+from demo_core.models.sources import byte_tokenizer, config_source
 
 
 def _flash_reference(query, key, value, cu_seq, left: int, right: int, scale: float | None) -> torch.Tensor:

@@ -7,7 +7,6 @@ batches through different code (TRL's collator and trainer vs transformers' coll
 import pytest
 
 from demo_core import RunConfig, preview, run_comparison
-
 from demo_core.collators import COLLATORS
 from demo_core.training.trainers import sft_config
 

@@ -26,8 +26,8 @@ from gradio_client import Client
 
 import demo_core
 from demo_core.training import engine
-from serving.history import RunHistory
 from serving import gpu, runs
+from serving.history import RunHistory
 
 # spaces reads the GPU model from the NVIDIA driver's files, which a CPU machine has not got (it then assumes an H200).
 pytestmark = pytest.mark.filterwarnings("ignore:Error while reading infos from Nvidia driver FS:UserWarning")

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from demo_core.errors import DemoInputError
-from demo_core.models.sources import CHAT_TEMPLATE
 from demo_core.data.readers import RawRecord, file_record, is_data_file, read_file, read_hub
 from demo_core.data.rendering import resolve_loss_on, shown_example, tokenize, trained_tokens, training_chat_template
 from demo_core.data.schemas import CONVERSATIONAL, TEXT, BlankRecord, RecordProblem, SFTRecord, sft_record
+from demo_core.errors import DemoInputError
+from demo_core.models.sources import CHAT_TEMPLATE
 
 BUILTIN_DATASETS = ("flan-like", "orcamath-like")
 

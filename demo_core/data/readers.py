@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from demo_core.models import hub
 from demo_core.errors import DemoInputError
+from demo_core.models import hub
 
 FILE_SUFFIXES = (".json", ".jsonl", ".ndjson")  # compared lower-case: `.JSONL` is a data file too
 BYTE_ORDER_MARK = "\ufeff"

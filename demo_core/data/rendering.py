@@ -21,8 +21,8 @@ from transformers import PreTrainedTokenizerBase
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import common_prefix_length
 
-from demo_core.errors import DemoInputError
 from demo_core.data.schemas import CHAT_PROMPT_COMPLETION, CONVERSATION, PROMPT_COMPLETION, TEXT
+from demo_core.errors import DemoInputError
 
 IGNORE_INDEX = -100
 TRL_DEFAULT_LOSS_ON = {TEXT: "all", PROMPT_COMPLETION: "completion", CONVERSATION: "all",

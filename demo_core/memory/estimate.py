@@ -35,8 +35,15 @@ from typing import Any, Sequence
 
 from demo_core.attention.segments import bucket_shapes
 from demo_core.config import PER_SEGMENT_ATTENTION
-from demo_core.memory.parameters import (ModelShape, Trainable, model_shape, optimizer_state_bytes, param_facts,
-                                         trainable, weight_bytes)
+from demo_core.memory.parameters import (
+    ModelShape,
+    Trainable,
+    model_shape,
+    optimizer_state_bytes,
+    param_facts,
+    trainable,
+    weight_bytes,
+)
 from demo_core.memory.probe import probed_activations
 from demo_core.memory.probe_model import ProbeSpec
 from demo_core.memory.probe_recorder import ATTENTION_KERNEL_EXCLUDED

@@ -7,8 +7,13 @@ import dataclasses
 from typing import Any
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-                          AutoModelForSequenceClassification, AutoModelForTokenClassification)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 from transformers.models.auto import modeling_auto
 
 

@@ -17,14 +17,24 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from demo_core.attention.capability import resolve_attention  # the engine's own attention choice
-from demo_core.config import (ATTENTION, ESTIMATE_OPTIMIZER_NAMES, GRADIENT_CHECKPOINTING, LORA_RANK, LORA_TARGETS,
-                              QLORA, SEED, RunConfig, parse_lora_targets, resolved_checkpointing)
+from demo_core.config import (
+    ATTENTION,
+    ESTIMATE_OPTIMIZER_NAMES,
+    GRADIENT_CHECKPOINTING,
+    LORA_RANK,
+    LORA_TARGETS,
+    QLORA,
+    SEED,
+    RunConfig,
+    parse_lora_targets,
+    resolved_checkpointing,
+)
 from demo_core.data import loading as data
 from demo_core.errors import DemoInputError
-from demo_core.memory.parameters import model_shape
-from demo_core.memory.step import ADAPTER_DTYPE_NAMES, OPTIMIZER_IMPL_NAMES, TrainingSettings
 from demo_core.memory.heads import model_head
+from demo_core.memory.parameters import model_shape
 from demo_core.memory.reserve import CUDA_MODULE_LOADING_NAMES
+from demo_core.memory.step import ADAPTER_DTYPE_NAMES, OPTIMIZER_IMPL_NAMES, TrainingSettings
 from demo_core.models import hub
 from demo_core.models.sources import PRESETS
 from demo_core.precision import ESTIMATE_PRECISION_NAMES

@@ -39,17 +39,22 @@ from typing import Callable, Sequence
 from transformers import PretrainedConfig
 
 from demo_core.data import loading as data
-from demo_core.memory.plan_request import (FIT_BASIS, GIB, GPU_SIZES_GB, PREDICTS, PlanRequest, load_config,
-                                           resolved_loss, training_settings)
-from demo_core.memory.heads import model_head
 from demo_core.errors import DemoInputError
-
 from demo_core.memory.estimate import StepPeak, estimate_memory_detail, live_by_moment
-
+from demo_core.memory.heads import model_head
 from demo_core.memory.parameters import param_facts, state_tensor_sizes
-
-from demo_core.memory.step import StepShape, TrainingSettings
+from demo_core.memory.plan_request import (
+    FIT_BASIS,
+    GIB,
+    GPU_SIZES_GB,
+    PREDICTS,
+    PlanRequest,
+    load_config,
+    resolved_loss,
+    training_settings,
+)
 from demo_core.memory.reserve import DeviceMemory, Span, context_span, device_memory
+from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.models.sources import PRESETS, byte_tokenizer, max_positions
 
 _MAX_SEARCH_BATCH = 1 << 16  # the largest batch size a fit is searched up to

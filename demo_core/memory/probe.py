@@ -35,8 +35,14 @@ from typing import Any
 import numpy as np
 
 from demo_core.isolation import exclusive
-from demo_core.memory.probe_model import (ProbeLayers, ProbeSpec, build_probe_model, real_width, width_names,
-                                          width_points)
+from demo_core.memory.probe_model import (
+    ProbeLayers,
+    ProbeSpec,
+    build_probe_model,
+    real_width,
+    width_names,
+    width_points,
+)
 from demo_core.memory.probe_recorder import SaveRecorder, probe_batch, probe_state
 from demo_core.precision import PRECISIONS
 

@@ -20,8 +20,13 @@ from urllib.parse import urlparse
 
 import huggingface_hub
 from huggingface_hub import constants, try_to_load_from_cache
-from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError,
-                                    RevisionNotFoundError)
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HFValidationError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.utils import get_session, validate_repo_id
 
 from demo_core.errors import DemoInputError

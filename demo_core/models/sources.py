@@ -16,15 +16,21 @@ from typing import Callable
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
-from transformers import PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.utils import logging as transformers_logging
 
-from demo_core.models import hub
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
+from demo_core.models import hub
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
 # bury the CLI's one-line `error:` when that check refuses the model.

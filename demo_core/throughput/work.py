@@ -18,10 +18,9 @@ import dataclasses
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from demo_core.memory.heads import head_dim
-from demo_core.step_statistics import profiled_steps
-from demo_core.step_statistics import timed_step_indices
 from demo_core.config import PER_SEGMENT_ATTENTION  # the others multiply a full (masked) score matrix
+from demo_core.memory.heads import head_dim
+from demo_core.step_statistics import profiled_steps, timed_step_indices
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,6 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import TrainerCallback
 
-
 # Kineto prints two "USDT ... profiler_start/stop" lines to stderr per profile unless its log level is above them
 # (read when the profiler first starts); they would land in the CLI's output.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")

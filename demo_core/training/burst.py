@@ -22,22 +22,22 @@ from typing import Callable
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
-from demo_core.memory import estimate as memory_estimate
-from demo_core.memory import measure as memory_measure
-from demo_core.training.anatomy import StepProfiler
-from demo_core.step_statistics import profiled_steps
 from demo_core.collators import BatchStats, CollatorSpec
 from demo_core.config import RunConfig
-from demo_core.training.distributed import merge_ranks, world_size
 from demo_core.isolation import RunStream
-from demo_core.training.memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
-from demo_core.training.lora import with_lora
-from demo_core.models.sources import ModelSource
+from demo_core.memory import estimate as memory_estimate
+from demo_core.memory import measure as memory_measure
 from demo_core.memory.planner import per_device_estimate
+from demo_core.models.sources import ModelSource
 from demo_core.results import Result
-from demo_core.training.turns import Turns, TurnTaking
-from demo_core.training.trainers import TrainingRows, build_trainer
+from demo_core.step_statistics import profiled_steps
 from demo_core.throughput.work import WorkModel, step_flops
+from demo_core.training.anatomy import StepProfiler
+from demo_core.training.distributed import merge_ranks, world_size
+from demo_core.training.lora import with_lora
+from demo_core.training.memory_guard import burst_memory_settings, is_out_of_memory, out_of_memory_reason, step_shape
+from demo_core.training.trainers import TrainingRows, build_trainer
+from demo_core.training.turns import Turns, TurnTaking
 
 ProgressFn = Callable[[str, int, int], None]  # (collator, step done, total steps)
 

@@ -18,12 +18,11 @@ import statistics
 from typing import Iterable
 
 from demo_core.config import RunConfig
-from demo_core.training.prepared import Prepared
 from demo_core.memory.parameters import param_facts
 from demo_core.settings import declared, speed_names
-from demo_core.throughput.work import padded_step_costs
 from demo_core.step_statistics import timed_step_indices
-
+from demo_core.throughput.work import padded_step_costs
+from demo_core.training.prepared import Prepared
 
 # Assumptions, replaced by measured rates once the history has a run of the model on the device:
 # - CPU: tiny-llama trains at ≈5e10 FLOP/s on 2 idle cores (a default `compare` run: ~14,000 padded slots/s at 0.59M

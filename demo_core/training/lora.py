@@ -26,9 +26,8 @@ from transformers.pytorch_utils import Conv1D
 
 from demo_core.config import LORA_ALL_LINEAR, RunConfig
 from demo_core.errors import DemoInputError
-from demo_core.models.lora import is_lora_target
 from demo_core.memory.parameters import param_facts
-
+from demo_core.models.lora import is_lora_target
 
 LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 x rank: a common choice, and the scaling lora.py's imitation computes
 

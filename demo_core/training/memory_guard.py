@@ -38,18 +38,17 @@ from typing import Sequence
 import psutil
 import torch
 
-from demo_core.memory import estimate as memory_estimate
-from demo_core.memory.step import StepShape, TrainingSettings
-from demo_core.attention.varlen import VARLEN
 from demo_core.attention.segments import bucket_shapes
+from demo_core.attention.varlen import VARLEN
 from demo_core.collators import CollatorSpec
 from demo_core.config import RunConfig
-from demo_core.memory.plan_request import PlanRequest, training_settings
-from demo_core.training.prepared import Prepared
-from demo_core.training.distributed import world_size
-from demo_core.training.turns import takes_turns
 from demo_core.errors import DemoInputError
-
+from demo_core.memory import estimate as memory_estimate
+from demo_core.memory.plan_request import PlanRequest, training_settings
+from demo_core.memory.step import StepShape, TrainingSettings
+from demo_core.training.distributed import world_size
+from demo_core.training.prepared import Prepared
+from demo_core.training.turns import takes_turns
 
 MASK_CHECK_BYTES_PER_PAIR = 16  # attention.infer_pattern, per token pair inside a segment (measured 11-13)
 CPU_RUN_ALLOWANCE_BYTES = 500_000_000  # what a CPU run adds beyond its tensors (measured 0.1-0.5 GB)

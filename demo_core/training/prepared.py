@@ -19,7 +19,6 @@ from demo_core.throughput.work import ideal_speedup
 from demo_core.training import distributed
 from demo_core.training.trainers import TrainingRows
 
-
 # What the documents' `config` records beside the settings as asked (e.g. "resolved_attention": "varlen").
 RESOLVED_IN_DOCUMENTS = ("attention", "device", "precision", "threads", "loss_on", "gradient_checkpointing")
 

@@ -27,9 +27,9 @@ from trl import SFTConfig, SFTTrainer, pack_dataset
 
 from demo_core.collators import CollatorSpec, RecordingCollator
 from demo_core.config import RunConfig
-from demo_core.training.distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
-from demo_core.precision import PRECISIONS
 from demo_core.data.schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
+from demo_core.precision import PRECISIONS
+from demo_core.training.distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
 
 if TYPE_CHECKING:
     from demo_core.data.loading import TokenizedDataset

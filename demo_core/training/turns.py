@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from demo_core.isolation import RunStream
 
+
 @contextlib.contextmanager
 def torch_threads(count: int | None):
     """torch's intra-op threads set to `count` inside the block (None: unchanged), restored after it."""
