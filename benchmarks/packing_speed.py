@@ -37,11 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from demo_core.attention.capability import capability  # noqa: E402
 from demo_core.collators import collator_spec, make_collator  # noqa: E402
-from demo_core.data.loading import loading as data  # noqa: E402
+from demo_core.data import loading as data  # noqa: E402
 from demo_core.models.sources import load_model_source  # noqa: E402
 from demo_core.results import Result, compare  # noqa: E402
-from demo_core.throughput.work import WorkModel, step_flops  # noqa: E402
-from demo_core.training.engine import ideal_speedup  # noqa: E402
+from demo_core.throughput.work import (  # noqa: E402
+    WorkModel,
+    ideal_speedup,  # noqa: E402
+    step_flops,
+)
 
 COLLATORS = ("padded", "flatten")
 
