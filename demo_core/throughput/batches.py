@@ -28,8 +28,8 @@ MAX_STEPS_PRICED = 256
 
 @dataclasses.dataclass(frozen=True)
 class MicroBatch:
-    """One forward/backward on one GPU: the example lengths it holds, laid out as `layout` (a CollatorSpec layout);
-    for packed rows, `segments` are the examples (attention boundaries) and `lengths` the same."""
+    """One forward/backward on one GPU: the example lengths it holds (for packed rows, every example of every row:
+    the attention segments), laid out as `layout` (a CollatorSpec layout)."""
 
     lengths: tuple[int, ...]
     layout: str
@@ -73,14 +73,17 @@ def _grouped_by_length(lengths: list[int], batch: int) -> list[int]:
 
 
 def collator_steps(lengths: list[int], spec: CollatorSpec, batch_size: int, grad_accum: int, gpus: int,
-                   max_length: int, seed: int = 0) -> list[Step]:
+                   max_length: int, seed: int | None = 0, max_steps: int = MAX_STEPS_PRICED) -> list[Step]:
     """The optimizer steps `spec` trains on this profile: `batch_size` examples (packed rows: rows) per GPU per
-    micro-batch, `grad_accum` micro-batches per step, `gpus` GPUs each taking their own micro-batches."""
+    micro-batch, `grad_accum` micro-batches per step, `gpus` GPUs each taking their own micro-batches. `seed`: the
+    random order the Trainer's sampler draws; None keeps the profile's order (the engine's sequential sampler)."""
     cut = [min(int(length), max_length) for length in lengths if length > 0]
-    random.Random(seed).shuffle(cut)
+    if seed is not None:
+        random.Random(seed).shuffle(cut)
     if spec.packed_rows:
         units = best_fit_decreasing(cut, max_length)
-        random.Random(seed + 1).shuffle(units)
+        if seed is not None:
+            random.Random(seed + 1).shuffle(units)
     else:
         ordered = _grouped_by_length(cut, batch_size * grad_accum * gpus) if spec.sampler == "group_by_length" else cut
         units = [[length] for length in ordered]
@@ -94,6 +97,6 @@ def collator_steps(lengths: list[int], spec: CollatorSpec, batch_size: int, grad
         # consecutive micro-batches go to consecutive GPUs (one per rank), grad_accum rounds of them
         steps.append([[MicroBatch(tuple(length for unit in micro[round_ * gpus + rank] for length in unit), spec.layout)
                        for round_ in range(grad_accum)] for rank in range(gpus)])
-        if len(steps) == MAX_STEPS_PRICED:
+        if len(steps) == max_steps:
             break
     return steps

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from ..collators import BASELINE, collator_spec
 from ..errors import DemoInputError
-from .batches import collator_steps
+from .batches import MAX_STEPS_PRICED, collator_steps
 from .facts import ModelFacts, RunSettings
 from .gpus import Device, gpu as gpu_named
 from .step_time import CALIBRATED, Costing, Efficiencies
@@ -26,14 +26,17 @@ SPEEDUP_LOG_RESIDUAL_RANGE = (-0.06, 0.06)
 
 
 def price_collators(costing: Costing, lengths: Sequence[int], collators: Iterable[str],
-                    log_residual_range: tuple[float, float] = SPEEDUP_LOG_RESIDUAL_RANGE) -> dict[str, dict]:
-    """Each collator's steps on this profile, priced. Padded is always priced: every speedup is against it."""
+                    log_residual_range: tuple[float, float] = SPEEDUP_LOG_RESIDUAL_RANGE, seed: int | None = 0,
+                    max_steps: int = MAX_STEPS_PRICED) -> dict[str, dict]:
+    """Each collator's steps on this profile, priced. Padded is always priced: every speedup is against it.
+    `seed`, `max_steps`: as `batches.collator_steps`."""
     run = costing.run
+    collators = list(collators)
     names = list(dict.fromkeys([BASELINE, *collators]))
     priced = {}
     for name in names:
         steps = collator_steps(list(lengths), collator_spec(name), run.batch_size, run.grad_accum, run.gpus,
-                               run.max_length)
+                               run.max_length, seed, max_steps)
         if not steps:
             raise DemoInputError("the length profile is empty")
         breakdowns = [costing.step_breakdown(step) for step in steps]

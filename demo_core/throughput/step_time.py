@@ -94,6 +94,8 @@ class Costing:
     # Attention score pairs a micro-batch computes under per-segment attention; None: FlashAttention's tiles. The
     # CPU path passes its own (bucketed SDPA, attention.bucket_shapes).
     segment_pairs: object = None
+    # Ops the attention path adds per layer for a micro-batch's segments (the CPU varlen path: one SDPA per bucket)
+    segment_calls: object = None
 
     @property
     def peak_flops(self) -> float:
@@ -106,9 +108,13 @@ class Costing:
     def _forward_passes(self) -> int:
         return 2 if self.run.gradient_checkpointing else 1
 
+    @staticmethod
+    def _segments(micro: MicroBatch) -> list[int]:
+        return [sum(micro.lengths)] if micro.layout == "naive" else list(micro.lengths)
+
     def _pairs(self, micro: MicroBatch) -> float:
         if self.run.per_segment_attention:
-            segments = [sum(micro.lengths)] if micro.layout == "naive" else list(micro.lengths)
+            segments = self._segments(micro)
             if self.segment_pairs is not None:
                 return self.segment_pairs(segments)
             blocks = [math.ceil(length / ATTENTION_TILE) for length in segments]
@@ -145,10 +151,12 @@ class Costing:
         return {"matmul": matmul_s, "attention": attention_s,
                 "memory_bound": element_bytes / (bandwidth * eff.memory_efficiency), "dequantize": dequant_s}
 
-    def host_s(self) -> float:
+    def host_s(self, micro: MicroBatch) -> float:
         facts, run = self.facts, self.run
         per_layer = (OPS_PER_LAYER_FORWARD * self._forward_passes() + OPS_PER_LAYER_BACKWARD
                      + OPS_PER_LORA_TARGET * facts.lora_targets_per_layer)
+        if self.segment_calls is not None and run.per_segment_attention:
+            per_layer += self.segment_calls(self._segments(micro))
         return (facts.layers * per_layer + OPS_PER_MICRO_BATCH) * self.efficiencies.host_s_per_op
 
     def _weight_bytes_on_the_wire(self) -> float:
@@ -192,10 +200,11 @@ class Costing:
     def step_breakdown(self, step: Step) -> dict[str, float]:
         """Seconds of one optimizer step by part; every GPU waits for the slowest at each micro-batch."""
         totals = dict.fromkeys(PARTS, 0.0)
-        host, comm = self.host_s(), self.sharded_comm_s()
+        comm = self.sharded_comm_s()
         for round_ in range(len(step[0])):
             per_gpu = [self.compute_parts(rank_batches[round_]) for rank_batches in step]
             slowest = max(per_gpu, key=lambda parts: sum(parts.values()))
+            host = max(self.host_s(rank_batches[round_]) for rank_batches in step)
             device_s = sum(slowest.values())
             for name, seconds in slowest.items():
                 totals[name] += seconds
