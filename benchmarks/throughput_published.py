@@ -127,7 +127,7 @@ def _fms_rows() -> list[PublishedRow]:
 _PAPER_RUN = dict(gpu="a100-80gb", gpus=8, shard="fsdp", batch_size=4, grad_accum=2, max_length=4096,
                   precision="bf16", weights="half", gradient_checkpointing=True)
 _PAPER_ASSUMED = ("not stated, so the same group's fms-hf-tuning benchmark defaults (the fms rows): gradient "
-                  "checkpointing, half-precision (bf16) weights"
+                  "checkpointing, half-precision (bf16) weights")
 ROWS: list[PublishedRow] = _fms_rows() + [
     PublishedRow(PAPER, "Mistral-7B, FLAN 20k, 8x A100-80GB FSDP, batch 4, accum 2, max 4096: padding vs online "
                         "minibatch packing with position IDs", _PAPER_ASSUMED, "Mistral-7B-v0.3", "flan-20k",
