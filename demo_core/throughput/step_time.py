@@ -40,15 +40,15 @@ class Efficiencies:
     Defaults are the values calibrated on published GPU measurements (benchmarks/throughput_published.py; the
     calibration rows are named there and in docs/THROUGHPUT.md)."""
 
-    matmul_efficiency: float = 0.62  # of dense peak, for GEMMs over many tokens (calibrated)
-    matmul_half_tokens_per_ridge: float = 2.4  # T_half in units of peak/bandwidth tokens (calibrated)
+    matmul_efficiency: float = 0.754  # of dense peak, for GEMMs over many tokens (calibrated)
+    matmul_half_tokens_per_ridge: float = 4.0  # T_half in units of peak/bandwidth tokens (calibrated)
     attention_efficiency: float = 0.40  # FlashAttention-2 forward+backward (stated: FA2 paper reports 50-70% on long
     #                                     sequences; short instruction segments run lower)
     memory_efficiency: float = 0.60  # of datasheet bandwidth, element-wise / optimizer traffic (stated)
-    dequant_efficiency: float = 0.10  # of bandwidth, unpacking 4-bit weights (calibrated)
-    comm_efficiency: float = 0.35  # of the link's one-way bandwidth, NCCL rings inside training (calibrated)
+    dequant_efficiency: float = 0.0616  # of bandwidth, unpacking 4-bit weights (calibrated)
+    comm_efficiency: float = 0.546  # of the link's one-way bandwidth, NCCL rings inside training (calibrated)
     host_s_per_op: float = 8e-6  # eager dispatch + kernel launch per aten op on a GPU host (stated)
-    step_fixed_s: float = 0.03  # per optimizer step: Trainer bookkeeping, zero_grad, scheduler, data (calibrated)
+    step_fixed_s: float = 0.0448  # per optimizer step: Trainer bookkeeping, zero_grad, scheduler, data (calibrated)
 
 
 CALIBRATED = Efficiencies()
