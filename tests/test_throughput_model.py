@@ -1,0 +1,129 @@
+"""The step-time model (demo_core/throughput): what each part responds to, the GPU table, the CPU rates, the contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+from demo_core import RunConfig, prepare
+from demo_core.errors import DemoInputError
+from demo_core.planner import load_config
+from demo_core.throughput import CALIBRATED, GPUS, gpu, predict_throughput
+from demo_core.throughput.batches import best_fit_decreasing
+from demo_core.throughput.cpu_rates import measure_cpu_rates, predicted_speedups
+
+REQUIRED_GPUS = ("a100-80gb", "a100-40gb", "h100-sxm", "h100-pcie", "h200", "l40s", "l4", "a10g", "t4", "rtx-4090")
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config("Llama-3.2-1B")
+
+
+def lognormal_lengths(sigma: float, mean: float = 500, count: int = 2000) -> list[int]:
+    draws = np.random.default_rng(0).lognormal(0.0, sigma, count)
+    return [max(8, int(length)) for length in draws * mean / draws.mean()]
+
+
+def speedup(config, lengths, **settings) -> float:
+    settings = {"batch_size": 8, "gpu": "a100-80gb", **settings}
+    return predict_throughput(config, lengths, ["flatten"], **settings)["collators"]["flatten"]["speedup_vs_padded"]
+
+
+def test_the_returned_dict_has_exactly_the_contract_keys(config):
+    result = predict_throughput(config, lognormal_lengths(0.6), ["padded", "flatten", "bfd"], 4, "h100-sxm")
+    assert set(result) == {"gpu", "collators"} and result["gpu"] == "h100-sxm"
+    assert list(result["collators"]) == ["padded", "flatten", "bfd"]
+    for entry in result["collators"].values():
+        assert set(entry) == {"tokens_per_s", "step_s", "speedup_vs_padded", "range", "breakdown"}
+        low, high = entry["range"]
+        assert low <= entry["speedup_vs_padded"] <= high
+        assert entry["step_s"] == pytest.approx(sum(entry["breakdown"].values()))
+    assert result["collators"]["padded"]["speedup_vs_padded"] == 1.0
+
+
+def test_padded_slots_drive_paddeds_matmul_time_and_not_flattens(config):
+    # same examples but one: a single long example makes every padded batch it lands in pay its length
+    even = [200] * 64
+    one_long = [200] * 63 + [1800]
+    parts = {}
+    for name, lengths in (("even", even), ("one_long", one_long)):
+        result = predict_throughput(config, lengths, ["padded", "flatten"], 8, "a100-80gb")["collators"]
+        parts[name] = {collator: entry["breakdown"]["matmul"] for collator, entry in result.items()}
+    padded_slots_ratio = (7 * 8 * 200 + 8 * 1800) / (8 * 8 * 200)  # one of 8 batches padded to 1800
+    assert parts["one_long"]["padded"] / parts["even"]["padded"] == pytest.approx(padded_slots_ratio, rel=0.15)
+    real_ratio = sum(one_long) / sum(even)
+    assert parts["one_long"]["flatten"] / parts["even"]["flatten"] == pytest.approx(real_ratio, rel=0.15)
+
+
+def test_equal_lengths_predict_no_speedup(config):
+    assert speedup(config, [512] * 512) == pytest.approx(1.0, abs=0.03)
+
+
+def test_more_length_spread_predicts_more_speedup(config):
+    narrow, wide = speedup(config, lognormal_lengths(0.2)), speedup(config, lognormal_lengths(0.9))
+    assert wide > narrow * 1.3 and narrow < 1.3
+
+
+def test_fixed_costs_shrink_the_speedup(config):
+    lengths = lognormal_lengths(0.8)
+    full = speedup(config, lengths)
+    assert speedup(config, lengths, lora_rank=16, qlora=True) < full
+    heavier_step = dataclasses.replace(CALIBRATED, step_fixed_s=CALIBRATED.step_fixed_s * 20)
+    assert speedup(config, lengths, efficiencies=heavier_step) < full
+
+
+def test_a_slower_interconnect_and_more_gpus_shrink_the_speedup(config):
+    lengths = lognormal_lengths(0.8)
+    settings = dict(gpus=8, shard="fsdp", batch_size=4)
+    fast = speedup(config, lengths, **settings)
+    slow_link = dataclasses.replace(CALIBRATED, comm_efficiency=CALIBRATED.comm_efficiency / 20)
+    assert speedup(config, lengths, efficiencies=slow_link, **settings) < fast * 0.9
+    # past one node of 8 the ring runs over the network, slower than NVLink: the weight gathers cost more
+    assert speedup(config, lengths, **{**settings, "gpus": 32}) < fast
+
+
+def test_bigger_batches_pay_more(config):
+    lengths = lognormal_lengths(0.8)
+    assert speedup(config, lengths, batch_size=16) > speedup(config, lengths, batch_size=2)
+
+
+def test_every_gpu_name_resolves_with_cited_numbers():
+    for name in REQUIRED_GPUS:
+        device = gpu(name.upper())
+        assert device.name == name and device.source.startswith("https://")
+        assert device.fp16_flops > device.fp32_flops > 0 and device.memory_bytes_per_s > 0
+        assert device.link_bytes_per_s > 0 and device.memory_bytes >= 16e9
+    assert set(REQUIRED_GPUS) <= set(GPUS)
+    with pytest.raises(DemoInputError, match="unknown GPU"):
+        gpu("a100-8gb")
+    with pytest.raises(DemoInputError, match="bf16"):
+        gpu("t4").peak_flops("bf16")
+
+
+def test_best_fit_decreasing_keeps_every_token_within_the_rows():
+    lengths = [min(length, 1024) for length in lognormal_lengths(0.9, mean=150)]
+    rows = best_fit_decreasing(lengths, 1024)
+    assert sorted(length for row in rows for length in row) == sorted(lengths)
+    assert max(sum(row) for row in rows) <= 1024
+    assert len(rows) <= -(-sum(lengths) // 1024) + 2  # nearly full rows
+
+
+def test_cpu_microbenchmark_returns_positive_rates_quickly():
+    started = time.perf_counter()
+    rates = measure_cpu_rates(threads=1)
+    assert time.perf_counter() - started < 2.0
+    assert rates.matmul_flops > 1e8 and rates.attention_flops > 0 and rates.memory_bytes_per_s > 1e8
+    assert 0 < rates.seconds_per_op < 1e-3 and rates.matmul_half_tokens >= 0
+
+
+def test_a_prepared_cpu_run_gets_a_predicted_speedup_per_collator():
+    prepared = prepare(RunConfig(model="tiny-llama", dataset="flan-like", samples=64, steps=4, batch_size=8,
+                                 collators=("padded", "flatten", "naive-concat")))
+    predicted = predicted_speedups(prepared, measure_cpu_rates(threads=1))
+    assert set(predicted) == {"padded", "flatten", "naive-concat"} and predicted["padded"] == 1.0
+    # naive-concat's one segment pays attention over the whole row: never faster than flatten
+    assert 1.0 < predicted["flatten"] and predicted["naive-concat"] < predicted["flatten"]
