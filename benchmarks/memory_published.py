@@ -26,8 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from demo_core.memory import reserve as memory_reserve  # noqa: E402
-from demo_core.memory.estimate import (SEED_MEASURED_MB, bert_large_config, estimate_memory_detail,  # noqa: E402
-                                       seed_example_estimate)
+from demo_core.memory.estimate import SEED_MEASURED_MB, bert_large_config, estimate_memory_detail, seed_example_estimate  # noqa: E402
 from demo_core.memory.plan_request import GIB, PlanRequest, load_config  # noqa: E402
 from demo_core.memory.planner import device_estimate, largest_fitting, plan  # noqa: E402
 from demo_core.memory.step import StepShape, TrainingSettings  # noqa: E402

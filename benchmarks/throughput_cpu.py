@@ -43,7 +43,8 @@ def main() -> None:
         model, dataset, batch = run.split(":")
         prepared = prepare(RunConfig(model=model, dataset=dataset, batch_size=int(batch), steps=args.steps,
                                      samples=args.samples, collators=("padded", "flatten")))
-        predicted = predicted_speedups(prepared, rates)["flatten"]
+        predicted = predicted_speedups(prepared.resolved, prepared.source.config,
+                                       [len(ids) for ids in prepared.examples], rates)["flatten"]
         entry = run_comparison(prepared).to_dict()["comparison"]["flatten"]
         measured, low_high = entry["speedup_vs_padded"], entry["speedup_range"]
         print(f"| {model} | {dataset} | {batch} | {entry['ideal_speedup']:.2f}x | {predicted:.2f}x | {measured:.2f}x "

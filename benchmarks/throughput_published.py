@@ -26,7 +26,7 @@ from transformers import LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from demo_core.planner import load_config  # noqa: E402
+from demo_core.memory.plan_request import load_config  # noqa: E402
 from demo_core.throughput import CALIBRATED, Efficiencies, gpu  # noqa: E402
 from demo_core.throughput.batches import MAX_STEPS_PRICED  # noqa: E402
 from demo_core.throughput.facts import ModelFacts, RunSettings  # noqa: E402

@@ -195,3 +195,15 @@ class RunStream:
         finally:
             PROCESS_STATE_LOCK.acquire()
             self._take()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op threads set to `count` inside the block (None: unchanged), restored after it."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

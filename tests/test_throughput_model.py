@@ -10,7 +10,7 @@ import pytest
 
 from demo_core import RunConfig, prepare
 from demo_core.errors import DemoInputError
-from demo_core.planner import load_config
+from demo_core.memory.plan_request import load_config
 from demo_core.throughput import CALIBRATED, GPUS, gpu, predict_throughput
 from demo_core.throughput.batches import best_fit_decreasing
 from demo_core.throughput.cpu_rates import measure_cpu_rates, predicted_speedups
@@ -123,7 +123,8 @@ def test_cpu_microbenchmark_returns_positive_rates_quickly():
 def test_a_prepared_cpu_run_gets_a_predicted_speedup_per_collator():
     prepared = prepare(RunConfig(model="tiny-llama", dataset="flan-like", samples=64, steps=4, batch_size=8,
                                  collators=("padded", "flatten", "naive-concat")))
-    predicted = predicted_speedups(prepared, measure_cpu_rates(threads=1))
+    predicted = predicted_speedups(prepared.resolved, prepared.source.config, [len(ids) for ids in prepared.examples],
+                                   measure_cpu_rates(threads=1))
     assert set(predicted) == {"padded", "flatten", "naive-concat"} and predicted["padded"] == 1.0
     # naive-concat's one segment pays attention over the whole row: never faster than flatten
     assert 1.0 < predicted["flatten"] and predicted["naive-concat"] < predicted["flatten"]

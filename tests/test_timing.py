@@ -147,7 +147,7 @@ def test_turns_alternate_threads_step_by_step_and_survive_one_leaving_early():
 
 
 def test_torch_threads_are_restored_after_the_block():
-    from demo_core.training.turns import torch_threads
+    from demo_core.isolation import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(1):

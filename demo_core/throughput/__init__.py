@@ -4,9 +4,9 @@
 machine's CPU and predicts a CPU burst's speedups for a prepared run.
 """
 
-from .gpus import GPUS, Device, gpu
-from .predict import predict_throughput
-from .step_time import CALIBRATED, PARTS, SHRINKS_WITH_PACKING, Efficiencies
+from demo_core.throughput.gpus import GPUS, Device, gpu
+from demo_core.throughput.predict import predict_throughput
+from demo_core.throughput.step_time import CALIBRATED, PARTS, SHRINKS_WITH_PACKING, Efficiencies
 
 __all__ = ["CALIBRATED", "Device", "Efficiencies", "GPUS", "PARTS", "SHRINKS_WITH_PACKING", "gpu",
            "predict_throughput"]

@@ -18,7 +18,7 @@ import bisect
 import dataclasses
 import random
 
-from ..collators import CollatorSpec
+from demo_core.collators import CollatorSpec
 
 # transformers' LengthGroupedSampler: mega-batches of this many batches are sorted by length.
 GROUP_BY_LENGTH_MEGABATCH = 50

@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from ..attention import bucket_shapes
-from ..collators import collator_spec
-from ..timing import torch_threads
-from .facts import ModelFacts, RunSettings
-from .gpus import Device
-from .predict import price_collators
-from .step_time import Costing, Efficiencies
+from demo_core.attention.segments import bucket_shapes
+from demo_core.config import RunConfig
+from demo_core.isolation import torch_threads
+from demo_core.throughput.facts import ModelFacts, RunSettings
+from demo_core.throughput.gpus import Device
+from demo_core.throughput.predict import price_collators
+from demo_core.throughput.step_time import Costing, Efficiencies
 
 # Token counts the matmul rate is measured at (rows of the GEMM): a tiny preset's micro-batch spans about 500-6,000.
 MATMUL_TOKENS = (256, 1024, 4096)
@@ -109,24 +109,22 @@ def _bucket_ops(segments: list[int]) -> int:
     return OPS_PER_ATTENTION_BUCKET * len(bucket_shapes(segments))
 
 
-def predicted_speedups(prepared, rates: CpuRates | None = None) -> dict[str, float]:
-    """Predicted speedup over padded of each of a prepared run's collators on this CPU (`engine.Prepared`)."""
-    config = prepared.config
-    rates = rates or measure_cpu_rates(prepared.threads)
+def predicted_speedups(run: RunConfig, model_config, lengths: list[int], rates: CpuRates | None = None
+                       ) -> dict[str, float]:
+    """Predicted speedup over padded of each collator of a resolved run (`RunConfig.resolved`) on this CPU, for its
+    examples' `lengths` in their trained order."""
+    rates = rates or measure_cpu_rates(run.threads)
     device, efficiencies = cpu_device(rates)
-    attention = prepared.attention if prepared.attention in ("varlen", "sdpa", "eager") else "sdpa"
-    run = RunSettings(batch_size=config.micro_batch_size, grad_accum=config.grad_accum, precision="fp32",
-                      attention=attention, lora_rank=config.lora_rank, qlora=False,
-                      gradient_checkpointing=config.gradient_checkpointing, max_length=config.max_length,
-                      optimizer=config.optimizer)
-    facts = ModelFacts.of(prepared.source.config, config.lora_rank, tuple(config.lora_targets))
+    attention = run.attention if run.attention in ("varlen", "sdpa", "eager") else "sdpa"
+    settings = RunSettings(batch_size=run.micro_batch_size, grad_accum=run.grad_accum, precision="fp32",
+                           attention=attention, lora_rank=run.lora_rank, qlora=False,
+                           gradient_checkpointing=bool(run.gradient_checkpointing), max_length=run.max_length,
+                           optimizer=run.optimizer)
+    facts = ModelFacts.of(model_config, run.lora_rank, tuple(run.lora_targets))
     varlen = attention == "varlen"
-    costing = Costing(facts, run, device, efficiencies, segment_pairs=_bucket_pairs if varlen else None,
+    costing = Costing(facts, settings, device, efficiencies, segment_pairs=_bucket_pairs if varlen else None,
                       segment_calls=_bucket_ops if varlen else None)
-    lengths = [len(ids) for ids in prepared.examples]
-    for name in config.collators:
-        collator_spec(name)
     # The engine's own batches: the data in its trained order, the run's steps (step 1, a warm-up, is not timed)
-    priced = price_collators(costing, lengths, config.collators, log_residual_range=(0.0, 0.0), seed=None,
-                             max_steps=config.steps)
+    priced = price_collators(costing, lengths, run.collators, log_residual_range=(0.0, 0.0), seed=None,
+                             max_steps=run.steps)
     return {name: entry["speedup_vs_padded"] for name, entry in priced.items()}

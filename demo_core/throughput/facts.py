@@ -11,11 +11,11 @@ import dataclasses
 import math
 from typing import Any
 
-from ..activation_probe import head_dim
-from ..config import PER_SEGMENT_ATTENTION
-from ..errors import DemoInputError
-from ..memory_estimate import lora_adapter_shapes, param_facts
-from ..planner import SHARDING_NAMES
+from demo_core.config import PER_SEGMENT_ATTENTION
+from demo_core.errors import DemoInputError
+from demo_core.memory.heads import head_dim
+from demo_core.memory.parameters import lora_adapter_shapes, param_facts
+from demo_core.memory.plan_request import SHARDING_NAMES
 
 ATTENTION_CHOICES = ("flash_attention_2", "varlen", "sdpa", "eager")
 PRECISION_CHOICES = ("bf16", "fp16", "tf32", "fp32")

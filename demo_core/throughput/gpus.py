@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import DemoInputError
+from demo_core.errors import DemoInputError
 
 TERA = 1e12
 GIGA = 1e9

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-from ..collators import BASELINE, collator_spec
-from ..errors import DemoInputError
-from .batches import MAX_STEPS_PRICED, collator_steps
-from .facts import ModelFacts, RunSettings
-from .gpus import Device, gpu as gpu_named
-from .step_time import CALIBRATED, Costing, Efficiencies
+from demo_core.collators import BASELINE, collator_spec
+from demo_core.errors import DemoInputError
+from demo_core.throughput.batches import MAX_STEPS_PRICED, collator_steps
+from demo_core.throughput.facts import ModelFacts, RunSettings
+from demo_core.throughput.gpus import Device
+from demo_core.throughput.gpus import gpu as gpu_named
+from demo_core.throughput.step_time import CALIBRATED, Costing, Efficiencies
 
 # log(measured / predicted speedup) over the calibration rows, 10th and 90th percentiles: the negated 90th and 10th
 # of the log(predicted / measured) residuals benchmarks/throughput_published.py prints (+0.113, -0.067).

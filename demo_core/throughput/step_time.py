@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .batches import MicroBatch, Step
-from .facts import OPTIMIZER_SHARDING, PER_MICRO_BATCH_SHARDING, ModelFacts, RunSettings
-from .gpus import Device, ring_bytes_per_s_each_way
+from demo_core.throughput.batches import MicroBatch, Step
+from demo_core.throughput.facts import OPTIMIZER_SHARDING, PER_MICRO_BATCH_SHARDING, ModelFacts, RunSettings
+from demo_core.throughput.gpus import Device, ring_bytes_per_s_each_way
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import Limits, RunConfig
 from demo_core.data import loading as data
 from demo_core.errors import DemoInputError
+from demo_core.isolation import torch_threads
 from demo_core.models.sources import accepts_position_ids, load_model_source, max_positions
 from demo_core.results import Comparison, Result
 from demo_core.throughput.work import ideal_speedup, padded_step_costs
@@ -33,7 +34,7 @@ from demo_core.training.burst import ProgressFn, release_memory, run_burst
 from demo_core.training.duration import predicted
 from demo_core.training.lora import check_lora_targets, check_qlora
 from demo_core.training.prepared import Prepared
-from demo_core.training.turns import Turns, takes_turns, torch_threads
+from demo_core.training.turns import Turns, takes_turns
 
 
 def resolve_device(requested: str) -> str:

@@ -9,25 +9,11 @@ On a shared CPU the same step can take 2-3x longer from one minute to the next. 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
-import torch
 from transformers import TrainerCallback
 
 from demo_core.isolation import RunStream
-
-
-@contextlib.contextmanager
-def torch_threads(count: int | None):
-    """torch's intra-op threads set to `count` inside the block (None: unchanged), restored after it."""
-    before = torch.get_num_threads()
-    if count is not None:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def takes_turns(device: str) -> bool:
