@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from demo_core import RunConfig, prepare, run_comparison  # noqa: E402
-from demo_core.throughput.cpu_rates import measure_cpu_rates, predicted_speedups  # noqa: E402
+from demo_core.throughput.cpu_rates import measure_cpu_rates  # noqa: E402
+from demo_core.throughput.run_prediction import predicted_speedups  # noqa: E402
 
 DEFAULT_RUNS = ("tiny-llama:flan-like:8", "tiny-llama:orcamath-like:8", "tiny-qwen2:flan-like:8",
                 "tiny-gpt2:flan-like:8", "tiny-llama:flan-like:16", "small-llama:flan-like:8")

@@ -203,15 +203,18 @@ def own_ideal_speedup(result: Result, ideal_speedup: float) -> float:
     return ideal_speedup * real / slots if slots else ideal_speedup
 
 
-def compare(results: list[Result], ideal_speedup: float) -> dict:
-    """Per collator against `padded`: measured speedup with its range, the slots and work ideals (both from the
-    collator's own batches), the loss difference, and `flags` that say when a number should not be taken at face
-    value. `ideal_speedup` is the run's: padded's slots per real token over the timed steps."""
+def compare(results: list[Result], ideal_speedup: float, predicted: dict[str, float] | None = None) -> dict:
+    """Per collator against `padded`: measured speedup with its range, the step-time model's predicted one
+    (`predicted`, per collator: throughput/run_prediction.py; None where the device has no entry), the slots and
+    work ideals (both from the collator's own batches), the loss difference, and `flags` that say when a number
+    should not be taken at face value. `ideal_speedup` is the run's: padded's slots per real token over the timed
+    steps."""
     padded = next((r for r in results if r.collator == BASELINE), None)
     comparison = {}
     for result in results:
         entry = {"ideal_speedup": own_ideal_speedup(result, ideal_speedup), "work_ideal_speedup": None,
                  "speedup_vs_padded": None, "speedup_range": None, "ratio_to_ideal": None,
+                 "predicted_speedup_vs_padded": (predicted or {}).get(result.collator),
                  "ratio_to_work_ideal": None, "max_abs_loss_diff_vs_padded": None, "peak_memory_vs_padded": None}
         if padded is not None:
             if result.work_per_real_token and padded.work_per_real_token:
@@ -243,6 +246,7 @@ class Comparison:
     partial: bool = False
     contamination_not_checked: str | None = None  # why `contamination` is empty: nothing was compared
     memory_guard: dict | None = None  # memory_guard.RunMemory: the predicted peak the run was let through with
+    predicted_speedups: dict[str, float] | None = None  # the step-time model's, per collator, for this run's device
 
     @property
     def stop_reason(self) -> str | None:
@@ -251,11 +255,13 @@ class Comparison:
                     None)
 
     def to_dict(self) -> dict:
+        predicted = self.predicted_speedups or {}
         return {
             "config": self.config,
             "dataset_stats": self.dataset_stats,
-            "results": [result.to_dict() for result in self.results],
-            "comparison": compare(self.results, self.ideal_speedup),
+            "results": [{**result.to_dict(), "predicted_speedup_vs_padded": predicted.get(result.collator)}
+                        for result in self.results],
+            "comparison": compare(self.results, self.ideal_speedup, predicted),
             "ideal_speedup": self.ideal_speedup,
             "contamination": self.contamination,
             "contamination_not_checked": self.contamination_not_checked,

@@ -15,6 +15,7 @@ from demo_core import GIB, DeviceEstimate, Plan
 from demo_core import MEMORY_CATEGORIES as CATEGORIES
 from presentation.figure_text import TITLE_CHARS_PER_IN, BarLabel, axes_sizes_pt, stack_labels, top_for, wrap_lines
 from presentation.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN
+from presentation.speed_views import throughput_lines, throughput_markdown
 
 GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
 
@@ -80,6 +81,8 @@ def summary_markdown(result: Plan) -> str:
         f"Fits and the largest sizes are decided on the card's used memory plus a margin of "
         f"{memory.margin_bytes / GIB:,.1f} GiB. {fit_words[:1].upper()}{fit_words[1:]}.",
     ]
+    if result.throughput is not None:
+        lines.append(throughput_markdown(result.throughput, request.gpus))
     notes = "\n".join(f"- {note}" for note in result.notes)
     return "\n\n".join(lines + ([notes] if notes else []))
 
@@ -209,6 +212,8 @@ def format_plan(document: dict) -> str:
     ]
     lines += [f"  {row['seq_length']:>9,}   {_gib(row['padded_bytes']):>10}   {_gib(row['packed_bytes']):>10}"
               for row in document["scaling"]]
+    if "throughput" in document:
+        lines += ["", *throughput_lines(document["throughput"], request["gpus"])]
     lines += [f"note: {note}" for note in document["notes"]]
     return "\n".join(lines)
 

@@ -40,12 +40,22 @@ class Column:
     fmt: str | Callable[[Any], str]  # display format of a value that is not None
     in_terminal: bool = True  # the CLI prints it (the page and the CSV show every column)
     csv_header: str | None = None  # where the CSV's raw value has a unit the display header does not say
+    text: Callable[[dict, dict], str] | None = None  # the shown text from the whole row, where one value is not enough
 
     def show(self, result: dict, entry: dict) -> str:
         value = self.value(result, entry)
         if value is None:
             return "–"
+        if self.text is not None:
+            return self.text(result, entry)
         return self.fmt(value) if callable(self.fmt) else self.fmt.format(value)
+
+
+def predicted_and_measured(result: dict, entry: dict) -> str:
+    """The step-time model's speedup beside the burst's own (docs/THROUGHPUT.md)."""
+    measured = entry["speedup_vs_padded"]
+    return (f"predicted {entry['predicted_speedup_vs_padded']:.2f}×, "
+            + ("not measured" if measured is None else f"measured {measured:.2f}×"))
 
 
 # What each comparison flag (results.compare) means, in words.
@@ -71,6 +81,8 @@ RESULT_COLUMNS = (
     Column("peak memory", lambda r, c: r["peak_memory_bytes"], human_bytes, csv_header="peak memory bytes"),
     Column("speedup range", lambda r, c: c.get("speedup_range"), "{0[0]:.2f}–{0[1]:.2f}×"),
     Column("work ideal", lambda r, c: c.get("work_ideal_speedup"), "{:.2f}×"),
+    Column("predicted speedup", lambda r, c: c.get("predicted_speedup_vs_padded"), "{:.2f}×",
+           text=predicted_and_measured),
     # Short keys in the terminal's table (the words follow it), the words on the page and in the CSV.
     Column("flags", lambda r, c: "; ".join(flags_in_words(c)) or None, "{}", in_terminal=False),
     Column("real tokens/s", lambda r, c: r["tokens_per_s"], "{:,.0f}"),
@@ -294,6 +306,12 @@ def forecast_rows(preview: dict) -> str:
                    "smaller model finish sooner" if predicted["long"] else "")
         rows.append(f"| predicted time of the run, {PREDICTION_BASIS[predicted['basis']]} | "
                     f"**about {human_seconds(predicted['duration_s'])}**{warning} |")
+    on_gpus = preview.get("gpu_predictions")
+    best = next((name for name in ("flatten", *preview["config"]["collators"]) if name != "padded"
+                 and on_gpus and name in next(iter(on_gpus.values()))["collators"]), None)
+    if best is not None:
+        rows.append(f"| speedup of {best} over padded on a GPU, predicted (docs/THROUGHPUT.md) | " + " · ".join(
+            f"{gpu['label']} {gpu['collators'][best]['speedup_vs_padded']:.2f}×" for gpu in on_gpus.values()) + " |")
     if memory and memory.get("available_bytes"):
         verdict = ("fits" if memory["fits"] else "⚠ does not fit: Run would be refused and say what fits")
         rows.append(f"| predicted peak memory of the run, {memory['device']} | "

@@ -14,5 +14,6 @@
 - `provenance`: which settings or run each section of the page shows, in one line over it;
 - `api_docs`: names, types and descriptions of the API endpoints' parameters (derived from the declared settings)
   and returns;
-- `planner_page`: the "Will it fit?" section and its `/plan` endpoint (the memory planner, no training).
+- `planner_page`: the "Will it fit, and how fast?" section and its `/plan` endpoint (the memory planner and the
+  step-time model, no training).
 """

@@ -1,10 +1,11 @@
-"""The "Will it fit?" section of the page: the memory planner (demo_core/planner.py) for real model sizes.
+"""The "Will it fit, and how fast?" section of the page: the memory planner (demo_core/memory/planner.py) for real
+model sizes, with each collator's predicted speed on the chosen GPU (demo_core/throughput/planning.py).
 
 `build_planner_section(demo)` creates the widgets (one per setting `PlanRequest` declares for the page) and their
 wiring inside the page's active `gr.Blocks` and registers the `/plan` API endpoint (named, typed and described
 parameters derived from the declaration, as the other endpoints). The handlers are plain functions that take the
 settings by name: `plan_page` for the widgets, `plan_api` for gradio_client. The summary and the figures are drawn
-by presentation/plan_views.py.
+by presentation/plan_views.py and presentation/speed_views.py.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from demo_core import (
     Plan,
     PlanRequest,
     device_estimate,
-    plan,
+    planned,
     shipped_configs,
 )
 from demo_core.settings import page_settings
 from presentation.plan_views import bars_figure, plan_document, scaling_figure, summary_markdown
 from presentation.plots import RESULT_WIDTH_IN
+from presentation.speed_views import time_per_token_figure
 from serving.api_docs import documented_api, settings_endpoint
 from serving.errors import user_errors
 from serving.page import WITH_SCREEN, Screen
@@ -51,6 +53,7 @@ class PlanViews(NamedTuple):
     summary: str
     bars: Figure  # stacked bars padded vs packed
     curve: Figure  # memory against sequence length
+    speed: Figure  # per collator, time per 1,000 real tokens by part on the chosen GPU
 
 
 def _request(**settings) -> PlanRequest:
@@ -74,9 +77,11 @@ def plan_api(**settings) -> dict[str, Any]:
         per_device (category -> bytes), total_bytes (live tensors at the peak: max_memory_allocated),
         reserved_bytes (max_memory_reserved), device_used_bytes (nvidia-smi), margin_bytes and fit_basis (fits
         decided on device_used_bytes + margin_bytes), peak_moment, fits (GPU GB -> bool), max_batch_size,
-        max_seq_length and scaling (padded vs packed device use per sequence length)
+        max_seq_length and scaling (padded vs packed device use per sequence length); throughput: on `gpu_type`
+        (an A100 80GB when none is given), per collator real tokens/s per GPU, seconds per optimizer step, speedup
+        over padded with its range, and the step's breakdown by part
     """
-    return plan_document(plan(_request(**settings)))
+    return plan_document(planned(_request(**settings)))
 
 
 def plan_page(*, screen: Screen = Screen(), **settings) -> PlanViews:
@@ -85,13 +90,14 @@ def plan_page(*, screen: Screen = Screen(), **settings) -> PlanViews:
     chosen, padded, packed = _plan_both_layouts(_request(**settings))
     width_in = screen.width_in(RESULT_WIDTH_IN)
     bars = bars_figure(padded, packed, chosen.request.packed, width_in, dpi=screen.dpi)
-    return PlanViews(summary_markdown(chosen), bars, scaling_figure(chosen, width_in, dpi=screen.dpi))
+    speed = time_per_token_figure(chosen.throughput, chosen.request.gpus, width_in, dpi=screen.dpi)
+    return PlanViews(summary_markdown(chosen), bars, scaling_figure(chosen, width_in, dpi=screen.dpi), speed)
 
 
 def _plan_both_layouts(request: PlanRequest) -> tuple[Plan, DeviceEstimate, DeviceEstimate]:
-    """The asked plan, and the estimates padded and packed (the plan's own and the other layout's) it is shown
-    beside."""
-    chosen = plan(request)  # validates it
+    """The asked plan with its throughput, and the estimates padded and packed (the plan's own and the other
+    layout's) it is shown beside."""
+    chosen = planned(request)  # validates it
     other = device_estimate(dataclasses.replace(chosen.request, packed=not chosen.request.packed))
     padded, packed = (other, chosen.device) if chosen.request.packed else (chosen.device, other)
     return chosen, padded, packed
@@ -119,6 +125,9 @@ FIGURE_TEXT = {
             "(with the allocator's cache and the CUDA context), and lines at 24, 40, 80 and 141 GB GPU sizes",
     "curve": "Memory used on the card per device against sequence length, padded and packed, with lines at common "
              "GPU sizes",
+    "speed": "Horizontal bars, one per collator: predicted milliseconds per 1,000 real tokens on one GPU of the "
+             "chosen type, split by part (matmuls, attention, memory-bound ops, optimizer, fixed costs...), the parts "
+             "packing cannot shrink hatched, and each collator's speedup over padded at its bar's end",
 }
 
 
@@ -126,23 +135,25 @@ def build_planner_section(demo: gr.Blocks, screen: gr.JSON) -> None:
     """The section's widgets (one per setting PlanRequest declares for the page) and wiring, inside the page's
     `gr.Blocks`; also registers the `/plan` endpoint (its parameters those PlanRequest declares for the API).
     `screen` is the page's hidden description of the screen its figures are shown on, which `WITH_SCREEN` fills in."""
-    gr.Markdown("## 4 · Will it fit? Memory of a real fine-tune, without training\n"
+    gr.Markdown("## 4 · Will it fit, and how fast? Memory and speed of a real fine-tune, without training\n"
                 "The same estimate every run above checks against its measurement, for real model sizes: "
-                "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs.")
+                "LoRA/QLoRA, 8-bit optimizers, gradient checkpointing, ZeRO/FSDP over several GPUs; and each "
+                "collator's predicted tokens/s, step time and speedup on the GPU type you choose.")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=320):
             form = settings_form(PlanRequest, PAGE_DEFAULTS, elem_prefix="plan-", enter_hint="Enter plans it")
-            button = gr.Button("Will it fit?", variant="primary", elem_id="plan")
+            button = gr.Button("Will it fit, and how fast?", variant="primary", elem_id="plan")
         with gr.Column(scale=3):
-            summary = gr.Markdown("Choose a model and press **Will it fit?**", elem_id="plan-summary")
+            summary = gr.Markdown("Choose a model and press **Will it fit, and how fast?**", elem_id="plan-summary")
             with gr.Row():
                 bars = gr.Plot(label=FIGURE_TEXT["bars"], show_label=False, elem_id="plan-bars", min_width=340)
                 curve = gr.Plot(label=FIGURE_TEXT["curve"], show_label=False, elem_id="plan-curve", min_width=340)
+            speed = gr.Plot(label=FIGURE_TEXT["speed"], show_label=False, elem_id="plan-speed", min_width=340)
 
     @user_errors
     def show_plan(*, screen: dict | None = None, **settings) -> dict:
         views = plan_page(screen=Screen.of(screen), **settings)
-        return {summary: views.summary, bars: views.bars, curve: views.curve}
+        return {summary: views.summary, bars: views.bars, curve: views.curve, speed: views.speed}
 
     for name, chips in form.chips.items():
         for choice, chip in chips.items():
@@ -151,6 +162,6 @@ def build_planner_section(demo: gr.Blocks, screen: gr.JSON) -> None:
     # No model runs and no training: it must not wait behind a training job, so it has its own group.
     gr.on([button.click, form.widgets["model"].submit], show_plan,
           inputs_kwargs={**form.widgets, "screen": screen}, js=WITH_SCREEN,
-          outputs=[summary, bars, curve], api_visibility="private", concurrency_id="plan", concurrency_limit=4)
+          outputs=[summary, bars, curve, speed], api_visibility="private", concurrency_id="plan", concurrency_limit=4)
     documented_api(demo, settings_endpoint(user_errors(plan_api), API_DEFAULTS), "plan", "plan",
                    concurrency_id="plan", concurrency_limit=4)

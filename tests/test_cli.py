@@ -39,6 +39,11 @@ def test_compare_writes_every_contract_key(tmp_path):
     assert "flatten" in done.stdout and "tokens/s" in done.stdout
     assert {"text", "loss_text"} <= set(document["dataset_stats"]["examples"][0])
     assert document["config"]["resolved_loss_on"] == "all" and "⟦" in done.stdout  # the trained part, marked
+    # the step-time model's prediction for this run on this CPU, beside the measured speedup
+    predicted = {r["collator"]: r["predicted_speedup_vs_padded"] for r in document["results"]}
+    assert predicted["padded"] == 1.0 and predicted["flatten"] > 1.0  # flan-like: padding to save
+    assert all(document["comparison"][name]["predicted_speedup_vs_padded"] == predicted[name] for name in predicted)
+    assert f"predicted {predicted['flatten']:.2f}×, not measured" in done.stdout
     # 3 steps: one timed step, so no speedup, and the report says why in words.
     assert document["comparison"]["flatten"]["speedup_vs_padded"] is None
     assert document["comparison"]["flatten"]["flags"] == ["few-timed-steps"]

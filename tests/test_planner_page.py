@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
+from demo_core import plan
 from demo_core.errors import DemoInputError
 from serving import planner_page
 from serving.page import Screen
@@ -27,8 +28,8 @@ def test_page_plan_draws_padded_and_packed_peaks_with_gpu_lines():
     for patch in axes.patches:
         x = round(patch.get_x() + patch.get_width() / 2)
         tops[x] = max(tops.get(x, 0), patch.get_y() + patch.get_height())
-    padded = planner_page.plan(planner_page._request(**{**QLORA_8B, "packed": False}))
-    packed = planner_page.plan(planner_page._request(**QLORA_8B))
+    padded = plan(planner_page._request(**{**QLORA_8B, "packed": False}))
+    packed = plan(planner_page._request(**QLORA_8B))
     assert tops[0] == pytest.approx(padded.device.peak_bytes / GIB)
     assert tops[1] == pytest.approx(packed.device.peak_bytes / GIB)  # the bars are the plans' own peaks
     assert tops[1] < tops[0]  # flan-like lengths: packing drops the padding
@@ -83,7 +84,7 @@ def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyon
 def test_the_figures_are_drawn_for_the_width_the_page_shows_them_at(picture_px):
     # Drawn wider than shown, the browser shrinks them and their text with them (to 63% on a phone at 6.5 in).
     views = planner_page.plan_page(**QLORA_8B, screen=Screen(picture_px))
-    for figure in (views.bars, views.curve):
+    for figure in (views.bars, views.curve, views.speed):
         assert figure.get_size_inches()[0] * figure.dpi == pytest.approx(min(picture_px, 6.5 * figure.dpi))
         assert cut_off(figure) == []  # and every text stays inside at that width
         assert overlapping(figure) == []  # and apart: the bars' labels share a phone's width

@@ -7,13 +7,18 @@ import time
 
 import numpy as np
 import pytest
+from transformers import BambaConfig
 
 from demo_core import RunConfig, prepare
 from demo_core.errors import DemoInputError
+from demo_core.gpus import gpu_for_device_name
 from demo_core.memory.plan_request import load_config
 from demo_core.throughput import CALIBRATED, GPUS, gpu, predict_throughput
 from demo_core.throughput.batches import best_fit_decreasing
-from demo_core.throughput.cpu_rates import measure_cpu_rates, predicted_speedups
+from demo_core.throughput.cpu_rates import measure_cpu_rates
+from demo_core.throughput.facts import ModelFacts
+from demo_core.throughput.ops import ops_per_micro_batch
+from demo_core.throughput.run_prediction import predicted_speedups
 
 REQUIRED_GPUS = ("a100-80gb", "a100-40gb", "h100-sxm", "h100-pcie", "h200", "l40s", "l4", "a10g", "t4", "rtx-4090")
 
@@ -128,3 +133,54 @@ def test_a_prepared_cpu_run_gets_a_predicted_speedup_per_collator():
     assert set(predicted) == {"padded", "flatten", "naive-concat"} and predicted["padded"] == 1.0
     # naive-concat's one segment pays attention over the whole row: never faster than flatten
     assert 1.0 < predicted["flatten"] and predicted["naive-concat"] < predicted["flatten"]
+
+
+def test_a_mixture_of_experts_is_priced_by_the_experts_each_token_uses():
+    facts = ModelFacts.of(load_config("Mixtral-8x7B-v0.1"))
+    assert (facts.experts, facts.experts_per_token) == (8, 2)
+    # Mistral AI's announcement: 46.7B parameters, 12.9B used per token (2 of 8 experts)
+    assert facts.params == pytest.approx(46.7e9, rel=0.01)
+    assert facts.active_matmul_weights == pytest.approx(12.9e9, rel=0.03)
+    lengths = lognormal_lengths(0.8)
+    dense_7b = predict_throughput(load_config("Mistral-7B-v0.3"), lengths, ["flatten"], 4, "h100-sxm")
+    moe = predict_throughput(load_config("Mixtral-8x7B-v0.1"), lengths, ["flatten"], 4, "h100-sxm")
+    ratio = dense_7b["collators"]["flatten"]["tokens_per_s"] / moe["collators"]["flatten"]["tokens_per_s"]
+    assert 1.3 < ratio < 6.5  # about the active weights' ratio (12.9 / 7.2), not the total's (46.7 / 7.2)
+
+
+def test_a_hybrids_state_space_layers_scan_every_slot_and_only_its_attention_layers_attend():
+    bamba = BambaConfig(attn_layer_indices=[9, 18, 27], mamba_d_state=128)
+    facts = ModelFacts.of(bamba)
+    assert (facts.attention_layers, facts.ssm_layers) == (3, 29) and facts.ssm_flops_per_token > 0
+    result = predict_throughput(bamba, lognormal_lengths(0.8), ["padded", "flatten"], 4, "a100-80gb")["collators"]
+    padded, flatten = result["padded"]["breakdown"], result["flatten"]["breakdown"]
+    assert padded["ssm"] > flatten["ssm"] > 0  # padding is scanned too; packing scans real tokens only
+    assert ModelFacts.of(load_config("Llama-3.2-1B")).ssm_layers == 0
+
+
+def test_each_model_is_priced_by_its_own_operation_count():
+    gpt2, llama = (ops_per_micro_batch(load_config(name), False) for name in ("tiny-gpt2", "tiny-llama"))
+    assert gpt2 and llama and gpt2 < 0.8 * llama  # fused Conv1D projections, no rotary: fewer ops per block
+    assert ops_per_micro_batch(load_config("tiny-llama"), True) > llama  # checkpointing recomputes the forward
+
+
+def test_a_per_tensor_optimizer_and_exposed_collectives_cost_more():
+    config, lengths = load_config("Llama-3.2-1B"), lognormal_lengths(0.8)
+
+    def step(part, **settings):
+        result = predict_throughput(config, lengths, ["padded"], 4, "a100-80gb", **settings)
+        return result["collators"]["padded"]["breakdown"][part]
+
+    assert step("optimizer", optimizer_impl="foreach") > 1.5 * step("optimizer", optimizer_impl="fused")
+    settings = dict(gpus=8, shard="fsdp")
+    exposed = dataclasses.replace(CALIBRATED, comm_overlap=0.0)
+    assert step("sharded_comm", efficiencies=exposed, **settings) > step("sharded_comm", **settings)
+
+
+def test_torchs_device_names_find_their_table_entries():
+    assert gpu_for_device_name("NVIDIA A100-SXM4-80GB").name == "a100-80gb"
+    assert gpu_for_device_name("NVIDIA H100 80GB HBM3").name == "h100-sxm"
+    assert gpu_for_device_name("NVIDIA H100 PCIe").name == "h100-pcie"
+    assert gpu_for_device_name("Tesla T4").name == "t4"
+    assert gpu_for_device_name("NVIDIA L40S").name == "l40s" and gpu_for_device_name("NVIDIA L4").name == "l4"
+    assert gpu_for_device_name("NVIDIA GeForce RTX 3090") is None

@@ -1,6 +1,6 @@
 """The planner's question, declared once (settings.py): what to plan, and how its answer is estimated.
 
-`PlanRequest` is what `plan`, the "Will it fit?" section and `/plan` take; the settings a run takes too (attention,
+`PlanRequest` is what `plan`, the "Will it fit, and how fast?" section and `/plan` take; the settings a run takes too (attention,
 checkpointing, LoRA, the seed) are the same `Declaration`s as `RunConfig`'s (config.py), so a run and its plan
 cannot mean two things by one name. `training_settings` turns a validated request into the estimator's settings: the
 one place where `memory/estimate.py`'s `TrainingSettings` are made (a burst's estimate asks through a `PlanRequest`
@@ -31,6 +31,7 @@ from demo_core.config import (
 )
 from demo_core.data import loading as data
 from demo_core.errors import DemoInputError
+from demo_core.gpus import GB, GPU_NAMES, GPUS
 from demo_core.memory.heads import model_head
 from demo_core.memory.parameters import model_shape
 from demo_core.memory.reserve import CUDA_MODULE_LOADING_NAMES
@@ -70,8 +71,9 @@ class PlanRequest:
     dataset: str | None = setting(None, api=3, page=Widget(4, kind="dropdown", label="Lengths",
                                                            choices=lambda: (EQUAL_LENGTHS, *data.BUILTIN_DATASETS)),
                                   help="a length profile instead of equal lengths, flan-like or orcamath-like (the "
-                                       "CLI also reads a .json/.jsonl file or a hub dataset id): the batch that needs "
-                                       "the most memory is planned")
+                                       "CLI also reads a .json/.jsonl file, a hub dataset id, or a .txt file of token "
+                                       "lengths, one per line): the batch that needs the most memory is planned, and "
+                                       "each collator's batches are priced")
     samples: int = setting(512, minimum=1, help="examples drawn for the length profile")
     packed: bool = setting(False, api=4, page=Widget(5, label="Packed (padding-free)"),
                            help="padding-free: each batch in one row")
@@ -116,6 +118,10 @@ class PlanRequest:
     cuda_module_loading: str = setting("lazy", choices=CUDA_MODULE_LOADING_NAMES,
                                        help="the typical context when none is measured: lazy (CUDA >= 11.7, "
                                             "PyTorch's default) or eager (older CUDA, CUDA_MODULE_LOADING=EAGER)")
+    gpu_type: str | None = setting(None, choices=GPU_NAMES, api=13,
+                                   page=Widget(13.5, kind="dropdown", label="GPU type (how fast; sets the GPU size)"),
+                                   help="the GPU each collator's step time and tokens/s are predicted on; also sets "
+                                        "the GPU size for the fits (default: speed on an A100 80GB, fits on gpu gb)")
 
     @classmethod
     def for_run(cls, run: RunConfig, loss: str) -> "PlanRequest":
@@ -137,6 +143,8 @@ class PlanRequest:
                                  f"(pure-bf16 already keeps every weight in bf16)")
         if self.shard != "none" and numbers["gpus"] == 1:
             raise DemoInputError(f"{self.shard} shards over several GPUs: give gpus of 2 or more")
+        if self.gpu_type is not None:  # the card's own memory, as the planner counts GPU sizes (nominal GB)
+            numbers["gpu_gb"] = GPUS[self.gpu_type].memory_bytes / GB
         if numbers["gpu_gb"] <= 0:
             raise DemoInputError(f"gpu gb must be positive, got {self.gpu_gb}")
         if not isinstance(self.model, str) or not self.model.strip():

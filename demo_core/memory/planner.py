@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 from transformers import PretrainedConfig
 
 from demo_core.data import loading as data
+from demo_core.data.profiles import is_length_profile, read_length_profile
 from demo_core.errors import DemoInputError
 from demo_core.memory.estimate import StepPeak, estimate_memory_detail, live_by_moment
 from demo_core.memory.heads import model_head
@@ -61,9 +62,16 @@ _MAX_SEARCH_BATCH = 1 << 16  # the largest batch size a fit is searched up to
 
 # ---- the step: a batch of one size, or the worst batch of a dataset's length profile -----------------------------
 
-@functools.lru_cache(maxsize=16)  # the page asks again for every change of a setting
 def dataset_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
-    """Example lengths of a dataset in the byte-level tokens the presets train on (untruncated)."""
+    """Example lengths of a dataset (untruncated): a .txt length profile's as written (the model's tokens), or a
+    dataset's in the byte-level tokens the presets train on."""
+    if is_length_profile(dataset):
+        return read_length_profile(dataset)
+    return _tokenized_lengths(dataset, samples, seed)
+
+
+@functools.lru_cache(maxsize=16)  # the page asks again for every change of a setting
+def _tokenized_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
     return tuple(len(ids) for ids in data.load(dataset, byte_tokenizer(), samples, seed, max_length=1 << 30).examples)
 
 
@@ -214,6 +222,8 @@ class Plan:
     scaling: list[dict[str, int]]  # seq_length, padded_bytes, packed_bytes (device used per device)
     notes: list[str]
     model_head: str  # causal-lm, masked-lm, sequence-classification, ... (from the config's architectures)
+    # Each collator's speed on the request's GPU (throughput/planning.py adds it: this folder sits below throughput/)
+    throughput: dict | None = None
 
     def to_dict(self) -> dict:
         device, memory = self.device, self.device.memory
@@ -234,7 +244,7 @@ class Plan:
             "temporary_terms": device.temporary_terms, "fits": {str(gb): ok for gb, ok in self.fits.items()},
             "gpu_gb": self.request.gpu_gb, "max_batch_size": self.max_batch_size,
             "max_seq_length": self.max_seq_length, "scaling": self.scaling,
-            "notes": self.notes,
+            "notes": self.notes, **({"throughput": self.throughput} if self.throughput is not None else {}),
         }
 
 
@@ -311,7 +321,7 @@ def plan(request: PlanRequest) -> Plan:
     notes = list(device.notes)
     if max_seq == positions:
         notes.append(f"fits up to the model's {positions:,} positions at batch size {request.batch_size}")
-    if lengths and request.model not in PRESETS:
+    if lengths and request.model not in PRESETS and not is_length_profile(request.dataset):
         notes.append("dataset lengths are byte-level tokens (the presets' tokenizer); a BPE tokenizer makes "
                      "roughly 3-4x fewer tokens of English text")
     if request.device == "cuda":

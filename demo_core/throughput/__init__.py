@@ -4,7 +4,7 @@
 machine's CPU and predicts a CPU burst's speedups for a prepared run.
 """
 
-from demo_core.throughput.gpus import GPUS, Device, gpu
+from demo_core.gpus import GPUS, Device, gpu
 from demo_core.throughput.predict import predict_throughput
 from demo_core.throughput.step_time import CALIBRATED, PARTS, SHRINKS_WITH_PACKING, Efficiencies
 

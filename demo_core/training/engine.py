@@ -27,6 +27,7 @@ from demo_core.errors import DemoInputError
 from demo_core.isolation import torch_threads
 from demo_core.models.sources import accepts_position_ids, load_model_source, max_positions
 from demo_core.results import Comparison, Result
+from demo_core.throughput.run_prediction import gpu_predictions
 from demo_core.throughput.work import ideal_speedup, padded_step_costs
 from demo_core.training import distributed, memory_guard
 from demo_core.training.anatomy import initialize_profiler
@@ -125,7 +126,8 @@ def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
 def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_runs: Iterable[dict] = ()) -> dict:
     """Numbers for the no-training views: length stats and the first examples as trained (`dataset_stats`), the
     first batch per collator, cost preview, the run's predicted peak memory (`memory_guard`) and time (`predicted`,
-    from the seconds per slot of `earlier_runs`, documents of earlier runs, if any)."""
+    from the seconds per slot of `earlier_runs`, documents of earlier runs, if any), and what the same comparison
+    would give on each GPU type (`gpu_predictions`: per collator tokens/s, step time and speedup over padded)."""
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples
     lengths = [len(ids) for ids in examples[: config.micro_batch_size]]
@@ -152,6 +154,9 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
         # The run's predicted peak against the free memory, before Run (memory_guard.py)
         "memory_guard": memory_guard.preview_memory(prepared).to_dict(),
         "predicted": predicted(prepared, earlier_runs),
+        # The same comparison on each GPU the step-time model knows (throughput/run_prediction.py)
+        "gpu_predictions": gpu_predictions(config, prepared.resolved, prepared.source.config,
+                                           [len(ids) for ids in examples]),
     }
 
 

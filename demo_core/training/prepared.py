@@ -13,8 +13,10 @@ import transformers
 from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import RunConfig
 from demo_core.data import loading as data
+from demo_core.errors import DemoInputError
 from demo_core.models.sources import ModelSource
 from demo_core.results import Comparison, Result
+from demo_core.throughput.run_prediction import predicted_for_run
 from demo_core.throughput.work import ideal_speedup
 from demo_core.training import distributed
 from demo_core.training.trainers import TrainingRows
@@ -49,6 +51,17 @@ class Prepared:
         return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size(),
                              grad_accum=self.config.grad_accum)
 
+    @functools.cached_property
+    def predicted_speedups(self) -> dict[str, float] | None:
+        """Each collator's speedup over padded as the step-time model predicts it for this run's own batches on the
+        device it trains on (a CPU at its measured rates, a GPU of the table); None where it has no prediction."""
+        device_name = torch.cuda.get_device_name() if self.resolved.device == "cuda" else None
+        try:
+            return predicted_for_run(self.resolved, self.source.config, [len(ids) for ids in self.examples],
+                                     device_name)
+        except DemoInputError:  # a precision the GPU of the table has no rate for: no prediction, the run stands
+            return None
+
     def document_config(self) -> dict:
         """The documents' `config`: the settings as asked, and what the engine resolved of them."""
         return {**self.config.to_dict(),
@@ -67,6 +80,7 @@ class Prepared:
             partial=any(result.partial for result in results) or len(results) < len(self.config.collators),
             contamination_not_checked=contamination_not_checked,
             memory_guard=memory,
+            predicted_speedups=self.predicted_speedups,
         )
 
 

@@ -1,4 +1,4 @@
-"""The devices the step-time model knows: dense peak FLOP/s per precision, memory bandwidth and size, interconnect.
+"""The GPUs the step-time model (throughput/) and the planner know: dense peak FLOP/s per precision, memory bandwidth and size, interconnect.
 
 Every number is the vendor's datasheet value for the dense (non-sparse) tensor rate; datasheets print the sparse
 rate too, at twice the dense one, and it never applies to training. `source` is the page each number was read from.
@@ -13,6 +13,7 @@ plain CUDA-core rate.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from demo_core.errors import DemoInputError
 
@@ -115,3 +116,19 @@ def ring_bytes_per_s_each_way(device: Device, gpus: int) -> float:
     """The slowest hop of a ring over `gpus` of these: the node's links, or past one node the network."""
     within_node = device.link_bytes_per_s_each_way
     return within_node if gpus <= GPUS_PER_NODE else min(within_node, NODE_NETWORK_BYTES_PER_S_EACH_WAY)
+
+
+GPU_NAMES = tuple(GPUS)
+
+# What torch.cuda.get_device_name() calls each card (lower-cased), most specific first: "NVIDIA A100-SXM4-80GB",
+# "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA L4", "Tesla T4", "NVIDIA GeForce RTX 4090". An A100 80GB
+# PCIe card is priced as the SXM one (its bandwidth is 5% lower).
+_DEVICE_NAME_PATTERNS = ((r"h200", "h200"), (r"h100.*pcie", "h100-pcie"), (r"h100", "h100-sxm"),
+                         (r"a100.*80", "a100-80gb"), (r"a100", "a100-40gb"), (r"l40s", "l40s"), (r"\bl4\b", "l4"),
+                         (r"a10g", "a10g"), (r"\bt4\b", "t4"), (r"4090", "rtx-4090"))
+
+
+def gpu_for_device_name(device_name: str) -> Device | None:
+    """The table's entry for a CUDA device name as torch reports it; None for a card the table does not have."""
+    lowered = device_name.lower()
+    return next((GPUS[name] for pattern, name in _DEVICE_NAME_PATTERNS if re.search(pattern, lowered)), None)
