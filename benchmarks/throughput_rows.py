@@ -194,7 +194,7 @@ ROWS: list[PublishedRow] = _fms_rows() + [
                  "Mistral-7B-v0.3", "orcamath-20k", _PAPER_RUN, "flatten", 1658 / 1216, 1216, 1658),
     PublishedRow(FMS_PR_66, "Mistral-7B full fine-tune, 2 devices, device batch 4, Flan subset: runtime 1430 s "
                             "padded vs 774 s padding-free", _FMS_FLAN_ASSUMED, "Mistral-7B-v0.3", "flan-20k",
-                 _FMS_FLAN_RUN, "flatten", 1430 / 774, None, None, calibrate=True),
+                 _FMS_FLAN_RUN, "flatten", 1430 / 774, None, None),
     PublishedRow(FMS_PR_66, "Mistral-7B QLoRA (BNB), same: 1612 s vs 1271 s", _FMS_FLAN_ASSUMED, "Mistral-7B-v0.3",
                  "flan-20k", {**_FMS_FLAN_RUN, **_FMS_QLORA}, "flatten", 1612 / 1271, None, None),
     PublishedRow(FMS_PR_66, "Mistral-7B GPTQ-LoRA, same: 1569 s vs 1255 s", _FMS_FLAN_ASSUMED + "; GPTQ priced as "

@@ -45,11 +45,10 @@ def throughput_lines(throughput: dict, gpus: int) -> list[str]:
         lines.append(f"  {name:<18}{entry['tokens_per_s']:>10,.0f}{entry['step_s']:>9.3f}   {_speedup_text(entry)}")
     best = _best_packed(throughput)
     if best is not None:
-        lines.append("  where a step's time goes, padded / " + best + " (s): " + ", ".join(
-            f"{part} {throughput['collators']['padded']['breakdown'][part]:.3f} / "
-            f"{throughput['collators'][best]['breakdown'][part]:.3f}"
-            for part in PARTS if throughput["collators"]["padded"]["breakdown"][part]
-            or throughput["collators"][best]["breakdown"][part]))
+        padded, packed = throughput["collators"]["padded"]["breakdown"], throughput["collators"][best]["breakdown"]
+        lines.append(f"  where a step's time goes (s per step, padded / {best}; * packing cannot shrink it):")
+        lines += [f"    {PART_WORDS[part]:<22}{padded[part]:>9.3f} / {packed[part]:.3f}"
+                  + ("" if part in SHRINKS_WITH_PACKING else "  *") for part in PARTS if padded[part] or packed[part]]
     return lines
 
 

@@ -76,9 +76,14 @@ def test_more_length_spread_predicts_more_speedup(config):
 def test_fixed_costs_shrink_the_speedup(config):
     lengths = lognormal_lengths(0.8)
     full = speedup(config, lengths)
-    assert speedup(config, lengths, lora_rank=16, qlora=True) < full
     heavier_step = dataclasses.replace(CALIBRATED, step_fixed_s=CALIBRATED.step_fixed_s * 20)
     assert speedup(config, lengths, efficiencies=heavier_step) < full
+    # QLoRA's dequantization is paid per micro-batch whatever its tokens: the slower it is, the less packing gains
+    qlora = speedup(config, lengths, lora_rank=16, qlora=True)
+    slow_dequant = dataclasses.replace(CALIBRATED, dequant_efficiency=CALIBRATED.dequant_efficiency / 10)
+    assert speedup(config, lengths, lora_rank=16, qlora=True, efficiencies=slow_dequant) < qlora * 0.9
+    # and a foreach AdamW's step over every weight (the published runs' default) costs a full fine-tune more
+    assert speedup(config, lengths, optimizer_impl="foreach") < full
 
 
 def test_a_slower_interconnect_and_more_gpus_shrink_the_speedup(config):

@@ -2,7 +2,7 @@
 them, and what the CPU's varlen path computes per bucket of segments (run_prediction.py prices a run with them).
 
 `measure_cpu_rates` (well under 2 s, in the engine's thread count, fp32 as CPU bursts train):
-- matmul FLOP/s of (T x hidden) @ (hidden x 4 hidden) at a few token counts T: the largest is the peak, and the
+- matmul FLOP/s of (T x hidden) @ (hidden x 4 hidden) at a few token counts T: the fastest is the peak, and the
   token count where the rate halves is fitted from the smaller ones (rate = peak x T / (T + T_half));
 - causal SDPA FLOP/s over a bucket of segments, as the varlen path runs them on a CPU (attention.py);
 - element-wise bandwidth: bytes an add over activation-sized tensors reads and writes per second;
@@ -97,9 +97,12 @@ def measure_cpu_rates(threads: int | None = 1) -> CpuRates:
         # the op's own dispatch is priced as an op: the rate is the arithmetic's
         rates = {tokens: 2 * tokens * MATMUL_WIDTH * 4 * MATMUL_WIDTH / max(seconds[tokens] - per_op_s, 1e-9)
                  for tokens in MATMUL_TOKENS}
-        peak = max(rates.values())
-        # rate(T) = peak x T / (T + T_half)  =>  T_half = T x (peak / rate - 1), averaged over the smaller sizes
-        halves = [tokens * (peak / rate - 1) for tokens, rate in rates.items() if rate < peak]
+        peak_tokens = max(rates, key=rates.get)
+        peak = rates[peak_tokens]
+        # rate(T) = peak x T / (T + T_half)  =>  T_half = T x (peak / rate - 1), averaged over the sizes below the
+        # fastest one. A larger size that ran slower was interrupted (a longer product meets more of a shared
+        # machine's other work): it says nothing of the GEMM.
+        halves = [tokens * (peak / rate - 1) for tokens, rate in rates.items() if tokens < peak_tokens]
         attention_flops = 4 * heads * dim * segments * length * (length + 1) / 2 / seconds["sdpa"]
         return CpuRates(peak, sum(halves) / len(halves) if halves else 0.0, attention_flops,
                         3 * 4 * ELEMENTWISE_ELEMENTS / seconds["add"], per_op_s, torch.get_num_threads())

@@ -14,7 +14,8 @@ Per micro-batch on one GPU (T = token slots computed: B x L_max padded, Σl pack
                 worth with the backward (+1 recomputed), at peak x ssm_efficiency.
   memory-bound  norms, element-wise ops, rotary, the loss over the vocabulary, the experts' token permutation, LoRA's
                 skinny adapter GEMMs (they read a layer's input again for a rank-r product), FlashAttention's unpad /
-                pad of a padded batch: bytes moved per token slot (counted below) over bandwidth x memory_efficiency.
+                pad of a padded batch: bytes moved per token slot (counted below) over bandwidth x memory_efficiency,
+                x (T + M_half) / T as the GEMMs: a kernel over few tokens does not fill the GPU either.
   dequantize    QLoRA: each 4-bit weight unpacked to bf16 before every pass that uses it, over bandwidth x
                 dequant_efficiency: per micro-batch, whatever its tokens.
   kernels       every operation's kernel costs the GPU kernel_s_per_op beyond its work (launch latency, the ramp
@@ -49,21 +50,22 @@ class Efficiencies:
     Defaults are the values calibrated on published GPU measurements (benchmarks/throughput_published.py; the
     calibration rows are named there and in docs/THROUGHPUT.md); the others are stated, with why, beside them."""
 
-    matmul_efficiency: float = 0.754  # of dense peak, for GEMMs over many tokens (calibrated)
-    matmul_half_tokens_per_ridge: float = 4.0  # M_half in units of peak/bandwidth tokens (calibrated)
-    expert_matmul_efficiency: float = 1.0  # grouped expert GEMMs' rate over dense GEMMs' at the same rows (calibrated)
+    matmul_efficiency: float = 0.90  # of dense peak, for GEMMs over many tokens (calibrated, at its bound)
+    matmul_half_tokens_per_ridge: float = 2.0  # M_half in units of peak/bandwidth tokens (calibrated; the roofline
+    #                                            puts it at 1 or more: below the ridge a GEMM reads more than it computes)
+    expert_matmul_efficiency: float = 0.27  # grouped expert GEMMs' rate over dense GEMMs' at the same rows (calibrated)
     attention_efficiency: float = 0.40  # FlashAttention-2 forward+backward (stated: FA2 paper reports 50-70% on long
     #                                     sequences; short instruction segments run lower)
     ssm_efficiency: float = 0.25  # Mamba2's scan kernels (stated: Triton kernels of a chunked scan, well below the
     #                               GEMMs' rate; a hybrid's scan is a small share of its step either way)
     memory_efficiency: float = 0.60  # of datasheet bandwidth, element-wise / optimizer traffic (stated)
-    dequant_efficiency: float = 0.0616  # of bandwidth, unpacking 4-bit weights (calibrated)
-    comm_efficiency: float = 0.546  # of the link's one-way bandwidth, NCCL rings inside training (calibrated)
-    comm_overlap: float = 1.0  # share of a micro-batch's compute its collectives can hide behind (calibrated)
+    dequant_efficiency: float = 0.168  # of bandwidth, unpacking 4-bit weights (calibrated)
+    comm_efficiency: float = 0.71  # of the link's one-way bandwidth, NCCL rings inside training (calibrated)
+    comm_overlap: float = 0.90  # share of a micro-batch's compute its collectives can hide behind (calibrated)
     host_s_per_op: float = 8e-6  # eager dispatch + kernel launch per aten op on a GPU host (stated)
-    kernel_s_per_op: float = 5e-6  # GPU time every kernel costs beyond its work: launch latency, ramp-up and tail of
-    #                                a grid that does not fill the device (calibrated)
-    step_fixed_s: float = 0.0448  # per optimizer step: Trainer bookkeeping, zero_grad, scheduler, data (calibrated)
+    kernel_s_per_op: float = 4e-6  # GPU time every kernel costs beyond its work: launch latency, ramp-up and tail of
+    #                                a grid that does not fill the device (stated: 3-5 µs per kernel in PyTorch eager)
+    step_fixed_s: float = 0.0281  # per optimizer step: Trainer bookkeeping, zero_grad, scheduler, data (calibrated)
 
 
 CALIBRATED = Efficiencies()
@@ -209,7 +211,8 @@ class Costing:
         kernels_s = self.operations(micro) * eff.kernel_s_per_op if self.device.host_overlaps else 0.0
         return {"matmul": matmul_s, "attention": attention_flops / (self.peak_flops * eff.attention_efficiency),
                 "ssm": ssm_flops / (self.peak_flops * eff.ssm_efficiency),
-                "memory_bound": element_bytes / (bandwidth * eff.memory_efficiency), "dequantize": dequant_s,
+                "memory_bound": element_bytes / (bandwidth * eff.memory_efficiency) * (1 + self.half_tokens / slots),
+                "dequantize": dequant_s,
                 "kernels": kernels_s}
 
     def operations(self, micro: MicroBatch) -> int:
