@@ -30,7 +30,7 @@ from transformers.utils import logging as transformers_logging
 
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
-from demo_core.models import hub
+from demo_core.models import hub, hybrid_mixers
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
 # bury the CLI's one-line `error:` when that check refuses the model.
@@ -211,11 +211,24 @@ class ModelSource:
         # here is a causal LM, so name its loss for what it computes.
         if model.loss_type not in LOSS_MAPPING:
             model.loss_type = "ForCausalLM"
+        # Linear-attention, short-convolution and SSM mixers run per example in packed rows (hybrid_mixers.py).
+        hybrid_mixers.install(model)
         return model
+
+
+def trained_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the model `AutoModelForCausalLM` builds from `config`: for a multimodal checkpoint that is its
+    language model's (Qwen3.5 releases ship Qwen3_5ForConditionalGeneration, the text model in `text_config`), so
+    that every check and estimate reads the model that trains, not the vision tower's wrapper."""
+    causal_lm_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if causal_lm_class is not None and not isinstance(config, causal_lm_class.config_class):
+        return config.get_text_config()
+    return config
 
 
 def config_source(name: str, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelSource:
     """Random-init models of one config (the presets; tests build families the same way)."""
+    config = trained_config(config)
 
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
         # from_config keeps the config object and sets its attention on it: without a copy, building a second model
@@ -260,7 +273,7 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         raise DemoInputError(message if message.startswith("cannot load model") else
                              f"cannot load model {name_or_path!r}: {message}") from None
     try:
-        config = AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
+        config = trained_config(AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only))
         tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
     except (OSError, ValueError) as error:
         if "custom code" in str(error):  # auto_map to the model's own Python files: never run (trust_remote_code)
