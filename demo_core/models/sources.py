@@ -146,6 +146,7 @@ CHAT_TEMPLATE = (
     "{%- if message.role == 'assistant' %}"
     "{{- '<|assistant|>\\n' }}"
     "{%- generation %}"
+    "{%- if message.reasoning_content %}{{- '<think>' + message.reasoning_content + '</think>' }}{%- endif %}"
     "{{- message.content or '' }}"
     "{%- for call in message.tool_calls or [] %}"
     "{%- set function = call.function if call.function is defined else call %}"
