@@ -217,14 +217,28 @@ class ModelSource:
         return model
 
 
+# Where vision-language checkpoints keep their language model: transformers 5's layout ("model.language_model.",
+# "lm_head.") and the earlier one ("language_model.model.", "language_model.lm_head."), as the text model names them.
+LANGUAGE_MODEL_KEYS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                       r"^language_model\.lm_head\.": "lm_head."}
+
+
 def trained_config(config: PretrainedConfig) -> PretrainedConfig:
-    """The config of the model `AutoModelForCausalLM` builds from `config`: for a multimodal checkpoint that is its
-    language model's (Qwen3.5 releases ship Qwen3_5ForConditionalGeneration, the text model in `text_config`), so
-    that every check and estimate reads the model that trains, not the vision tower's wrapper."""
-    causal_lm_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
-    if causal_lm_class is not None and not isinstance(config, causal_lm_class.config_class):
-        return config.get_text_config()
-    return config
+    """The config of the model that trains: a vision-language checkpoint trains its language model on text when
+    transformers builds that model as a causal LM on its own (Qwen3.5's releases, Mistral 3, LLaVA, SmolVLM,
+    Gemma 3, LFM2-VL...); a config that is a causal LM itself is kept; any other is refused in one sentence."""
+    causal_lms = AutoModelForCausalLM._model_mapping
+    text = config.get_text_config()
+    if text is not config and type(text) in causal_lms:
+        text = copy.deepcopy(text)
+        if "tie_word_embeddings" in config.to_diff_dict():  # the composite ties its head (Mistral 3), not its text part
+            text.tie_word_embeddings = config.tie_word_embeddings
+        return text
+    if type(config) in causal_lms:
+        return config
+    raise DemoInputError(f"{config.model_type} is a vision-language model whose language model "
+                         f"({type(text).__name__}) transformers builds only inside it, not as a causal LM on its own: "
+                         f"its text model cannot be trained here")
 
 
 def config_source(name: str, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelSource:
@@ -274,7 +288,7 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         raise DemoInputError(message if message.startswith("cannot load model") else
                              f"cannot load model {name_or_path!r}: {message}") from None
     try:
-        config = trained_config(AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only))
+        raw = AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
         tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
     except (OSError, ValueError) as error:
         if "custom code" in str(error):  # auto_map to the model's own Python files: never run (trust_remote_code)
@@ -285,18 +299,30 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         where = "its folder" if local.is_dir() else "the local cache" if local_only else "the hub"
         raise DemoInputError(f"cannot load model {name_or_path!r}: its config or tokenizer could not be read from "
                              f"{where} ({type(error).__name__})") from None
+    config = trained_config(raw)  # its own refusal, outside the except above
+    loader = AutoModelForCausalLM._model_mapping.get(type(raw), None)
+    own_class = loader is not None and isinstance(config, loader.config_class)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
 
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
+        options = dict(attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False,
+                       local_files_only=local_only)
+        if not own_class:  # the language model of a vision-language checkpoint, from where such checkpoints keep it
+            options.update(config=config, key_mapping=LANGUAGE_MODEL_KEYS, output_loading_info=True)
         try:
-            return AutoModelForCausalLM.from_pretrained(
-                target, attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False,
-                local_files_only=local_only,
-            )
+            loaded = AutoModelForCausalLM.from_pretrained(target, **options)
         except (OSError, ValueError) as error:
             raise DemoInputError(f"cannot load weights of {name_or_path!r}: {error}".splitlines()[0]) from None
+        if own_class:  # a causal LM, or a composite transformers loads as its language model itself (Qwen3.5)
+            return loaded
+        model, loading = loaded
+        if loading["missing_keys"]:
+            raise DemoInputError(f"cannot load the language model of {name_or_path!r}: {len(loading['missing_keys'])} "
+                                 f"of its weights are not where vision-language checkpoints keep them (e.g. "
+                                 f"{sorted(loading['missing_keys'])[0]})")
+        return model
 
     return ModelSource(name_or_path, config, tokenizer, False, build)
 
