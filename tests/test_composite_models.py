@@ -5,8 +5,16 @@ import json
 
 import pytest
 import torch
-from transformers import (AutoModelForImageTextToText, CLIPVisionConfig, LlamaConfig, LlavaConfig, Mistral3Config,
-                          MistralConfig, PixtralVisionConfig, Qwen2_5_VLConfig)
+from transformers import (
+    AutoModelForImageTextToText,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    Mistral3Config,
+    MistralConfig,
+    PixtralVisionConfig,
+    Qwen2_5_VLConfig,
+)
 
 from commandline.main import main
 from demo_core.models.sources import byte_tokenizer, load_model_source
