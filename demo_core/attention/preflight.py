@@ -19,6 +19,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from demo_core.attention import capability as attention_paths
+from demo_core.attention import varlen
 from demo_core.collators import FlattenCollator, PaddedCollator, collator_spec
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
@@ -101,11 +102,11 @@ def measure_packing(source: ModelSource, attention: str, device: str, layouts, s
             model = _refusing(f"building it with {attention}", lambda: source.build(attention, seed=seed)).eval()
             # The reference shares the weights when the model can switch attention in place (transformers' rule).
             reference = model if type(model)._can_set_attn_implementation() else source.build("eager", seed=seed).eval()
-        calls_before = attention_paths.calls.count
+        calls_before = varlen.calls.count
         packed = {layout: _refusing(_WHAT[layout], lambda: _per_example_logits(model, layout, source, examples, device),
                                     _REMEDY[layout])
                   for layout in layouts}
-        if attention == attention_paths.VARLEN and attention_paths.calls.count == calls_before:
+        if attention == varlen.VARLEN and varlen.calls.count == calls_before:
             raise DemoInputError("its layers never called varlen attention: they compute attention in their own code")
         if attention != "eager":
             reference.set_attn_implementation("eager")
