@@ -15,6 +15,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+pytest_plugins = ["memory_log"]  # PACKING_LAB_MEMORY_LOG=<file>: resident memory after every test (memory_log.py)
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
