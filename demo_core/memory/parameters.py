@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.heads import decoder_layers, head_dim, model_class_for, model_head
 from demo_core.memory.step import TrainingSettings
@@ -68,7 +69,9 @@ class ParamFacts:
     largest_layer_params: int  # one decoder layer's parameters (what ZeRO-3/FSDP gathers at a time)
 
 
-_PARAM_FACTS_CACHE: dict[tuple[str, str], ParamFacts] = {}
+# One entry per model config, a few hundred KB at most (a 70B model's per-layer shapes); 64 configs cover the
+# presets, the shipped configs and the hub ids a server is asked about, and bound what uploaded folders add.
+_PARAM_FACTS_CACHE: LRU = LRU(max_entries=64)
 
 
 def param_facts(config: Any) -> ParamFacts:

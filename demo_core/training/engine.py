@@ -22,7 +22,8 @@ from demo_core.training import distributed
 from demo_core.training import memory_guard
 from demo_core.training.anatomy import initialize_profiler
 from demo_core.attention.capability import capability
-from demo_core.training.burst import ProgressFn, release_memory, run_burst
+from demo_core.caches import release_memory
+from demo_core.training.burst import ProgressFn, run_burst
 from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import Limits, RunConfig
 from demo_core.attention.contamination import contamination_check
