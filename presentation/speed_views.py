@@ -1,8 +1,6 @@
-"""A plan's "how fast?" shown: the step-time model's prediction per collator (demo_core/throughput) in words, as the
-CLI's table, and as a figure of where each collator's time goes.
+"""A plan's "how fast?" drawn: where each collator's time goes on the chosen GPU, a matplotlib `Figure` (never
+pyplot). Its words are speed_text.py's.
 
-- `throughput_lines(throughput, gpus)`: the CLI's table, real tokens/s per GPU, seconds per step and speedup;
-- `throughput_markdown(throughput, gpus)`: the page's sentence and table;
 - `time_per_token_figure(throughput, ...)`: per collator, milliseconds per 1,000 real tokens by part (what packing
   shrinks drawn solid, what it cannot hatched), its speedup at the bar's end.
 """
@@ -12,67 +10,14 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from demo_core import GPUS
 from demo_core.throughput import PARTS, SHRINKS_WITH_PACKING
 from presentation.figure_text import TITLE_CHARS_PER_IN, wrap_lines
 from presentation.plots import FIGURE_DPI, RESULT_WIDTH_IN
+from presentation.speed_text import PART_WORDS, gpu_words
 
-PART_WORDS = {"matmul": "matmuls", "attention": "attention", "ssm": "state-space scan", "memory_bound":
-              "memory-bound ops", "dequantize": "4-bit dequantize", "host_overhead": "host (launches)",
-              "sharded_comm": "weight gathers", "optimizer": "optimizer", "gradient_sync": "gradient all-reduce",
-              "fixed": "fixed per step", "kernels": "kernel launches"}
 PART_COLORS = {"matmul": "#4e79a7", "attention": "#b07aa1", "ssm": "#9c755f", "memory_bound": "#edc948",
                "dequantize": "#ff9da7", "host_overhead": "#bab0ac", "sharded_comm": "#76b7b2", "optimizer": "#e15759",
                "gradient_sync": "#59a14f", "fixed": "#8c8c8c", "kernels": "#d4a6c8"}
-
-
-def gpu_words(throughput: dict, gpus: int) -> str:
-    label = GPUS[throughput["gpu"]].label
-    return f"{gpus} x {label}" if gpus > 1 else label
-
-
-def _speedup_text(entry: dict) -> str:
-    low, high = entry["range"]
-    speedup = entry["speedup_vs_padded"]
-    return f"{speedup:.2f}×" if low == high else f"{speedup:.2f}× ({low:.2f}–{high:.2f}×)"
-
-
-def throughput_lines(throughput: dict, gpus: int) -> list[str]:
-    """The CLI's table of a plan's throughput."""
-    lines = [f"how fast, predicted on {gpu_words(throughput, gpus)} (real tokens/s per GPU; docs/THROUGHPUT.md):",
-             f"  {'collator':<18}{'tokens/s':>10}{'step s':>9}   speedup vs padded (range)"]
-    for name, entry in throughput["collators"].items():
-        lines.append(f"  {name:<18}{entry['tokens_per_s']:>10,.0f}{entry['step_s']:>9.3f}   {_speedup_text(entry)}")
-    best = _best_packed(throughput)
-    if best is not None:
-        padded, packed = throughput["collators"]["padded"]["breakdown"], throughput["collators"][best]["breakdown"]
-        lines.append(f"  where a step's time goes (s per step, padded / {best}; * packing cannot shrink it):")
-        lines += [f"    {PART_WORDS[part]:<22}{padded[part]:>9.3f} / {packed[part]:.3f}"
-                  + ("" if part in SHRINKS_WITH_PACKING else "  *") for part in PARTS if padded[part] or packed[part]]
-    return lines
-
-
-def _best_packed(throughput: dict) -> str | None:
-    """The packed collator that keeps padded's batches (flatten), else the fastest other one."""
-    names = [name for name in throughput["collators"] if name != "padded"]
-    if "flatten" in names:
-        return "flatten"
-    return max(names, key=lambda name: throughput["collators"][name]["speedup_vs_padded"], default=None)
-
-
-def throughput_markdown(throughput: dict, gpus: int) -> str:
-    """The page's answer to "how fast?": a sentence and a table per collator."""
-    collators = throughput["collators"]
-    best = _best_packed(throughput)
-    lead = (f"**How fast on {gpu_words(throughput, gpus)}** (predicted; docs/THROUGHPUT.md has the model and its "
-            f"error on published runs): ")
-    if best is not None:
-        lead += (f"{best} trains **{collators[best]['speedup_vs_padded']:.2f}×** padded's real tokens per second "
-                 f"({collators[best]['tokens_per_s']:,.0f} vs {collators['padded']['tokens_per_s']:,.0f} per GPU).")
-    rows = ["| collator | real tokens/s per GPU | s per step | speedup vs padded |", "|---|---|---|---|"]
-    rows += [f"| {name} | {entry['tokens_per_s']:,.0f} | {entry['step_s']:.3f} | {_speedup_text(entry)} |"
-             for name, entry in collators.items()]
-    return lead + "\n\n" + "\n".join(rows)
 
 
 def time_per_token_figure(throughput: dict, gpus: int, width_in: float = RESULT_WIDTH_IN, *,

@@ -5,7 +5,7 @@ model sizes, with each collator's predicted speed on the chosen GPU (demo_core/t
 wiring inside the page's active `gr.Blocks` and registers the `/plan` API endpoint (named, typed and described
 parameters derived from the declaration, as the other endpoints). The handlers are plain functions that take the
 settings by name: `plan_page` for the widgets, `plan_api` for gradio_client. The summary and the figures are drawn
-by presentation/plan_views.py and presentation/speed_views.py.
+by presentation/plan_text.py, plan_views.py, speed_text.py and speed_views.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from demo_core import (
     shipped_configs,
 )
 from demo_core.settings import page_settings
-from presentation.plan_views import bars_figure, plan_document, scaling_figure, summary_markdown
+from presentation.plan_text import plan_document, summary_markdown
+from presentation.plan_views import bars_figure, scaling_figure
 from presentation.plots import RESULT_WIDTH_IN
 from presentation.speed_views import time_per_token_figure
 from serving.api_docs import documented_api, settings_endpoint

@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 from transformers import PretrainedConfig
 
+from demo_core.caches import registered
 from demo_core.data import loading as data
 from demo_core.data.profiles import is_length_profile, read_length_profile
 from demo_core.errors import DemoInputError
@@ -70,6 +71,7 @@ def dataset_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
     return _tokenized_lengths(dataset, samples, seed)
 
 
+@registered
 @functools.lru_cache(maxsize=16)  # the page asks again for every change of a setting
 def _tokenized_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
     return tuple(len(ids) for ids in data.load(dataset, byte_tokenizer(), samples, seed, max_length=1 << 30).examples)
@@ -179,6 +181,7 @@ def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: Tra
                           estimate.trainable_params, list(estimate.notes), memory, estimate.reliable)
 
 
+@registered
 @functools.lru_cache(maxsize=1)
 def measured_context_bytes() -> int | None:
     """This process's CUDA context, measured (NVML used - reserved), when CUDA is already initialised here; None

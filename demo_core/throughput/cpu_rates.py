@@ -20,9 +20,9 @@ from typing import Callable
 
 import torch
 
-from demo_core.attention.segments import bucket_shapes
 from demo_core.gpus import Device
 from demo_core.isolation import torch_threads
+from demo_core.segments import bucket_shapes
 from demo_core.throughput.ops import counted_ops
 from demo_core.throughput.step_time import Efficiencies
 
