@@ -202,7 +202,8 @@ def main() -> None:
     efficiencies = CALIBRATED
     if args.calibrate:
         efficiencies = calibrate([row for row in ROWS if row.calibrate])
-        print("calibrated:", ", ".join(f"{field}={getattr(efficiencies, field):.4g}" for field in CALIBRATED_FIELDS + EXPERT_FIELDS))
+        print("calibrated:", ", ".join(f"{field}={getattr(efficiencies, field):.4g}"
+                                       for field in CALIBRATED_FIELDS + EXPERT_FIELDS))
     report(efficiencies)
 
 

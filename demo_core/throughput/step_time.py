@@ -52,8 +52,8 @@ class Efficiencies:
 
     matmul_efficiency: float = 0.90  # of dense peak, for GEMMs over many tokens (calibrated, at its bound)
     matmul_half_tokens_per_ridge: float = 2.0  # M_half in units of peak/bandwidth tokens (calibrated; the roofline
-    #                                            puts it at 1 or more: below the ridge a GEMM reads more than it computes)
-    expert_matmul_efficiency: float = 0.27  # grouped expert GEMMs' rate over dense GEMMs' at the same rows (calibrated)
+    #                                            puts it at 1 or more: below the ridge, reading weights bounds a GEMM)
+    expert_matmul_efficiency: float = 0.27  # grouped expert GEMMs' rate over dense GEMMs' at equal rows (calibrated)
     attention_efficiency: float = 0.40  # FlashAttention-2 forward+backward (stated: FA2 paper reports 50-70% on long
     #                                     sequences; short instruction segments run lower)
     ssm_efficiency: float = 0.25  # Mamba2's scan kernels (stated: Triton kernels of a chunked scan, well below the
