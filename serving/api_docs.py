@@ -55,6 +55,9 @@ class PreviewDocument(TypedDict):
     cost: dict[str, Any]
     memory_guard: dict[str, Any]
     predicted: dict[str, Any]  # the run's predicted time: duration_s, basis, setup_s, step_s, long, long_after_s
+    # the same comparison on each GPU of the table: per GPU its label and per collator tokens_per_s, step_s and
+    # speedup_vs_padded (docs/THROUGHPUT.md)
+    gpu_predictions: dict[str, dict[str, Any]]
 
 
 class RunSummary(TypedDict):

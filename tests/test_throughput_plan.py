@@ -8,10 +8,11 @@ import json
 import pytest
 
 from commandline.main import main
-from demo_core import COLLATORS, GPUS, PlanRequest
+from demo_core import COLLATORS, GPUS, PlanRequest, RunConfig, preview
 from demo_core.memory.plan_request import load_config
 from demo_core.settings import by_name
 from demo_core.throughput import predict_throughput
+from presentation.report import forecast_rows
 from presentation.speed_views import time_per_token_figure
 from serving import planner_page
 
@@ -113,3 +114,22 @@ def test_the_speed_figure_keeps_its_text_apart_and_inside(width_in):
     assert [label.get_text() for label in axes.get_yticklabels()] == list(throughput["collators"])
     # QLoRA's dequantization cannot shrink: drawn hatched, in every bar
     assert any(patch.get_hatch() == "//" for patch in axes.patches)
+
+
+def test_the_preview_says_what_the_same_comparison_would_give_on_each_gpu():
+    """/preview's `gpu_predictions` and the "Before training" table's row: the run's own batches on every GPU of the
+    table. A tiny model keeps a fast card waiting on kernel launches, which packing cannot shrink: a slow card computes
+    longer, so it trains fewer tokens/s and gains more from packing."""
+    numbers = preview(RunConfig(model="tiny-llama", dataset="flan-like", samples=64, steps=4, batch_size=8,
+                                collators=("padded", "flatten")))
+    on_gpus = numbers["gpu_predictions"]
+    assert set(on_gpus) == set(GPUS)
+    for entry in on_gpus.values():
+        assert set(entry["collators"]) == {"padded", "flatten"}
+        assert entry["collators"]["padded"]["speedup_vs_padded"] == 1.0
+        assert entry["collators"]["flatten"]["speedup_vs_padded"] >= 1.0  # the same examples, fewer slots
+    fast, slow = on_gpus["h100-sxm"]["collators"], on_gpus["t4"]["collators"]
+    assert slow["padded"]["tokens_per_s"] < fast["padded"]["tokens_per_s"]
+    assert slow["flatten"]["speedup_vs_padded"] > fast["flatten"]["speedup_vs_padded"]
+    row = next(line for line in forecast_rows(numbers).splitlines() if "on a GPU" in line)
+    assert f"{on_gpus['t4']['label']} {slow['flatten']['speedup_vs_padded']:.2f}×" in row
