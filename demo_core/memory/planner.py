@@ -40,6 +40,8 @@ from typing import Callable, Sequence
 
 from transformers import PretrainedConfig
 
+from demo_core.caches import registered
+from demo_core.config import PER_SEGMENT_ATTENTION
 from demo_core.data import loading as data
 from demo_core.errors import DemoInputError
 from demo_core.memory.estimate import StepPeak, estimate_memory_detail, largest_temporary, live_by_moment
@@ -60,9 +62,12 @@ from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.models.sources import PRESETS, byte_tokenizer, max_positions
 
 _MAX_SEARCH_BATCH = 1 << 16  # the largest batch size a fit is searched up to
+_KERNEL_CHECK_TOKENS = 64  # one short row: whether the model's forward runs on a kernel path at all
+_PROBE_ERRORS = (ValueError, KeyError, TypeError, RuntimeError, IndexError)  # a forward the probe cannot run
 
 # ---- the step: a batch of one size, or the worst batch of a dataset's length profile -----------------------------
 
+@registered
 @functools.lru_cache(maxsize=16)  # the page asks again for every change of a setting
 def dataset_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
     """Example lengths of a dataset in the byte-level tokens the presets train on (untruncated)."""
@@ -189,6 +194,7 @@ def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: Tra
                           estimate.trainable_params, list(estimate.notes), memory, estimate.reliable)
 
 
+@registered
 @functools.lru_cache(maxsize=1)
 def measured_context_bytes() -> int | None:
     """This process's CUDA context, measured (NVML used - reserved), when CUDA is already initialised here; None
@@ -276,6 +282,7 @@ class _Planning:
     lengths: tuple[int, ...] | None  # the dataset's example lengths, if planned from a length profile
     context: Span
     context_source: str
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, request: PlanRequest) -> "_Planning":
@@ -283,7 +290,24 @@ class _Planning:
         config = load_config(request.model)
         request = dataclasses.replace(request, loss=resolved_loss(request, config))
         lengths = dataset_lengths(request.dataset, request.samples, request.seed) if request.dataset else None
-        return cls(request, config, training_settings(request, config), lengths, *context_for(request))
+        planning = cls(request, config, training_settings(request, config), lengths, *context_for(request))
+        return planning._kernel_path_checked()
+
+    def _kernel_path_checked(self) -> "_Planning":
+        """attention auto: a model whose forward fails without a 4-D mask (DeepSeek-V3.2's sparse-attention indexer
+        slices one) cannot run the per-example kernels; the engine's pre-flight then trains it with SDPA
+        (attention/capability.py AUTO_ORDER), so the plan does too, and says why."""
+        if self.request.attention != "auto" or self.settings.attention not in PER_SEGMENT_ATTENTION:
+            return self
+        try:
+            per_device_estimate(self.config, step_shape(1, _KERNEL_CHECK_TOKENS, False), self.settings, 1, "none",
+                                self.context, self.context_source)
+        except _PROBE_ERRORS as error:
+            note = (f"attention sdpa: the {self.settings.attention} path cannot run {self.config.model_type} "
+                    f"({type(error).__name__}: {error}), as the engine's pre-flight finds before a run")
+            return dataclasses.replace(self, settings=dataclasses.replace(self.settings, attention="sdpa"),
+                                       notes=(*self.notes, note))
+        return self
 
     def estimate(self, batch_size: int, seq_length: int, packed: bool) -> DeviceEstimate:
         step = step_shape(batch_size, seq_length, packed, self.lengths)
@@ -292,8 +316,11 @@ class _Planning:
                                            self.context, self.context_source)
         except DemoInputError:
             raise
-        except (ValueError, KeyError, TypeError, RuntimeError) as error:  # an architecture the probe cannot run
-            raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models: {error}") from None
+        except _PROBE_ERRORS as error:  # an architecture the probe cannot run
+            other = " (attention sdpa or eager may run it)" if self.settings.attention in PER_SEGMENT_ATTENTION else ""
+            raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models with attention "
+                                 f"{self.settings.attention}: its forward raised {type(error).__name__} "
+                                 f"({error}){other}") from None
         if not estimate.reliable:
             raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models reliably: "
                                  + "; ".join(estimate.notes))
@@ -326,7 +353,7 @@ def plan(request: PlanRequest) -> Plan:
     max_seq = largest_fitting(lambda s: needs(request.batch_size, s) <= budget_bytes, 2, positions)
     scaling = [{"seq_length": s, "padded_bytes": device_used(request.batch_size, s, False),
                 "packed_bytes": device_used(request.batch_size, s, True)} for s in _scaling_lengths(positions)]
-    notes = list(device.notes)
+    notes = [*planning.notes, *device.notes]
     if max_seq == positions:
         notes.append(f"fits up to the model's {positions:,} positions at batch size {request.batch_size}")
     if lengths and request.model not in PRESETS:

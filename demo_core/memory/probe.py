@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.probe_model import (
     ProbeLayers,
@@ -202,7 +203,10 @@ def _targets_of(totals: dict[tuple, int], layers: ProbeLayers) -> dict[str, floa
     return targets
 
 
-_FIT_CACHE: dict[tuple, ActivationFit] = {}
+# A fit costs 0.1-1 s; its key is a config and a probe spec (layout, precision, attention, LoRA, ...). The planner
+# page's warm-up fits every model chip's opening question (~2 fits each for ~15 chips); 256 keep those and a few
+# hundred questions beyond them, at well under 1 MB (a fit is a few dozen numbers; its key a config's JSON).
+_FIT_CACHE: LRU = LRU(max_entries=256)
 _FIT_LOCK = threading.Lock()
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.heads import decoder_layers, head_dim, model_class_for
 from demo_core.memory.parameters import layer_structure, param_facts
@@ -103,8 +104,10 @@ def _values(config: Any) -> dict[str, Any]:
     return {name: getattr(config, name, value) for name, value in config.to_dict().items()}
 
 
-_DERIVED: dict[tuple[str, str], frozenset[str]] = {}
-_HEAD_DIM_IS_A_WIDTH: dict[tuple[str, str], bool] = {}
+# Per model config, a set of a few field names (or one flag): working them out builds the config class again once per
+# integer field (~0.1 s for a big config), and the probe asks for each probe point. 64 configs, as param_facts keeps.
+_DERIVED: LRU = LRU(max_entries=64)
+_HEAD_DIM_IS_A_WIDTH: LRU = LRU(max_entries=64)
 
 
 def _key(config: Any) -> tuple[str, str]:
@@ -119,8 +122,9 @@ def derived_fields(config: Any) -> frozenset[str]:
     if not dataclasses.is_dataclass(config):
         return frozenset()
     key = _key(config)
-    if key in _DERIVED:
-        return _DERIVED[key]
+    known = _DERIVED.get(key)
+    if known is not None:
+        return known
     values = _values(config)
     defaults = {field.name: field.default for field in dataclasses.fields(config)}
     derived = set()
@@ -135,8 +139,8 @@ def derived_fields(config: Any) -> frozenset[str]:
             continue
         if getattr(again, name, None) == value:
             derived.add(name)
-    _DERIVED[key] = frozenset(derived)
-    return _DERIVED[key]
+    known = _DERIVED[key] = frozenset(derived)
+    return known
 
 
 def _head_dim_is_a_width(config: Any) -> bool:
@@ -144,9 +148,10 @@ def _head_dim_is_a_width(config: Any) -> bool:
     the rotary part of the query heads, qk_rope_head_dim, beside kv_lora_rank, q_lora_rank and the non-rotary part,
     which all keep their real values): shrunk alone it would disagree with that field."""
     key = _key(config)
-    if key not in _HEAD_DIM_IS_A_WIDTH:
-        _HEAD_DIM_IS_A_WIDTH[key] = "head_dim" not in derived_fields(config) or not _aliases(config)
-    return _HEAD_DIM_IS_A_WIDTH[key]
+    known = _HEAD_DIM_IS_A_WIDTH.get(key)
+    if known is None:
+        known = _HEAD_DIM_IS_A_WIDTH[key] = "head_dim" not in derived_fields(config) or not _aliases(config)
+    return known
 
 
 def _aliases(config: Any) -> list[str]:
