@@ -11,14 +11,18 @@ differ). Run `pytest -s tests/test_memory_hybrids.py` to see the table.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
 
+from commandline.main import main
 from demo_core.memory.estimate import estimate_memory_detail
 from demo_core.memory.plan_request import PlanRequest
 from demo_core.memory.planner import plan
 from demo_core.memory.step import StepShape, TrainingSettings
+from demo_core.models.sources import byte_tokenizer
 
 from tiny_models import build, packed_batch, padded_batch, saved_bytes
 
@@ -31,6 +35,10 @@ MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=
 GATED_DELTA = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                    linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# DeepSeek's MLA (low-rank queries and keys, a rotary part of its own, qk_rope_head_dim != head_dim of the probe's
+# small models) and a first dense layer before the experts
+MLA = dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4,
+           num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1)
 
 HYBRIDS = {
     "bamba": lambda: transformers.BambaConfig(**BASE, **MAMBA2, attn_layer_indices=[1]),
@@ -49,11 +57,13 @@ HYBRIDS = {
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**BASE, **GATED_DELTA, **MOE, head_dim=16,
                                                        shared_expert_intermediate_size=32),
     "lfm2": lambda: transformers.Lfm2Config(**BASE, layer_types=["conv", "full_attention"]),
-    # MLA (low-rank queries and keys, a rotary part of its own) and a first dense layer before the experts
-    "deepseek_v3": lambda: transformers.DeepseekV3Config(
-        **{**BASE, "num_key_value_heads": 4}, kv_lora_rank=16, q_lora_rank=32,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1),
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(**{**BASE, "num_key_value_heads": 4}, **MLA),
+    # V3.2: MLA with a sparse-attention indexer (its own heads and width) that picks each query's keys: up to
+    # index_topk of them (2048 in released configs), more than these batches' rows hold, as at real lengths up to it
+    "deepseek_v32": lambda: transformers.DeepseekV32Config(**{**BASE, "num_key_value_heads": 4}, **MLA,
+                                                           index_n_heads=4, index_head_dim=16, index_topk=256),
+    # one decoder layer: the per-layer lists of one entry
+    "llama_one_layer": lambda: transformers.LlamaConfig(**{**BASE, "num_hidden_layers": 1}),
 }
 PADDED_LENGTHS = [64, 21, 47, 33]
 PACKED_LENGTHS = [40, 17, 60, 33, 50]
@@ -81,7 +91,11 @@ def test_the_activation_estimate_of_hybrids_and_mla_equals_a_real_step(family, l
     config = HYBRIDS[family]()
     lengths = _lengths(family, layout)
     packed = layout == "packed"
-    measured = saved_bytes(build(config, "sdpa"), packed_batch(lengths) if packed else padded_batch(lengths))
+    model, batch = build(config, "sdpa"), packed_batch(lengths) if packed else padded_batch(lengths)
+    # The meter counts storages by address: a tensor freed inside the forward (DeepSeek-V3.2's no-grad indexer and
+    # mask) whose address a later saved tensor of the same size reuses makes two saved tensors read as one, so a
+    # forward can only read low. Two forwards of the same model: the larger is the one the allocator did not alias.
+    measured = max(saved_bytes(model, batch) for _ in range(2))
     step = StepShape.packed_row(lengths) if packed else StepShape.padded(lengths)
     estimate = estimate_memory_detail(config, step, TrainingSettings(precision="fp32", attention="sdpa"))
     estimated = estimate.categories["activations"]
@@ -100,3 +114,40 @@ def test_the_planner_answers_for_hybrids_and_mla(family, tmp_path):
     assert answer.max_seq_length == 2048 and answer.fits[24]
     used = [point["padded_bytes"] for point in answer.scaling]
     assert used == sorted(used) and used[0] < used[-1]
+
+
+def _model_folder(family: str, folder) -> str:
+    """The family as a checkpoint folder: config.json, random weights, the byte tokenizer."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(HYBRIDS[family]()).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32", "llama_one_layer"])
+def test_checkpoints_that_crashed_the_memory_probe_plan_and_train_through_the_cli(family, tmp_path, capsys):
+    """Issue 31's crashes: DeepSeek-V3/V3.2 shapes (qk_rope_head_dim beside a shrunk head_dim) and a one-layer
+    model (per-layer lists of one entry) plan and train from a model folder, flatten equal to padded."""
+    folder = _model_folder(family, tmp_path / family)
+    planned, compared = tmp_path / "plan.json", tmp_path / "run.json"
+    assert main(["plan", "--model", folder, "--batch-size", "2", "--seq-length", "256", "--json", str(planned)]) == 0
+    document = json.loads(planned.read_text())
+    assert document["max_seq_length"] == 2048 and document["per_device"]["activations"] > 0
+    assert main(["compare", "--model", folder, "--samples", "8", "--steps", "2", "--batch-size", "4",
+                 "--max-length", "128", "--collators", "padded,flatten", "--json", str(compared)]) == 0
+    run = json.loads(compared.read_text())
+    assert run["comparison"]["flatten"]["max_abs_loss_diff_vs_padded"] < 1e-4
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_kernel_path_the_model_cannot_run_is_refused_in_one_sentence_and_auto_plans_sdpa(tmp_path, capsys):
+    """DeepSeek-V3.2's indexer slices a 4-D attention mask, which the per-example kernel paths do not build: named,
+    the path is refused in one line; auto plans SDPA, as the engine's pre-flight trains it, and says so."""
+    config = HYBRIDS["deepseek_v32"]()
+    config.save_pretrained(tmp_path)
+    assert main(["plan", "--model", str(tmp_path), "--attention", "varlen"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "Traceback" not in error
+    assert error.startswith("error: cannot estimate memory for deepseek_v32 models with attention varlen")
+    answer = plan(PlanRequest(model=str(tmp_path), batch_size=2, seq_length=256, gpu_gb=24))
+    assert answer.attention == "sdpa" and any(note.startswith("attention sdpa: the varlen path") for note in answer.notes)
