@@ -2,8 +2,11 @@
 
 `.ci/run` starts it on itself (`python3 .ci/peak_memory.py $$ &`) and stops it when it ends, pass or fail, so every CI
 log ends with the suite's peak (pytest and the processes it starts: CLI runs, the served app, torchrun, Chromium).
-Two numbers: the largest sum of the tree's resident sizes seen at one sample (shared pages count once per process,
-so it errs high), and the largest single process by the kernel's own high-water mark (VmHWM, exact, not sampled).
+Two numbers: the largest sum of the tree's proportional set sizes seen at one sample (PSS: a page shared by n
+processes, torch's libraries in a launched server or a torchrun rank, counts 1/n in each, so the sum is the memory the
+tree really holds; a sum of resident sizes counts such pages once per process and read 4.40 GiB where the tree held
+less), with the commands that held most of it at that moment, and the largest single process by the kernel's own
+high-water mark (VmHWM, exact, not sampled).
 
 Standard library only (it starts before pip installs anything); Linux only (it reads /proc): elsewhere it says so.
 """
@@ -16,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-SAMPLE_EVERY_S = 0.25
+SAMPLE_EVERY_S = 0.5  # smaps_rollup walks each process's page tables: cheap at this rate
 GIB = 2**30
 PROC = Path("/proc")
 
@@ -45,6 +48,18 @@ def _tree(root: int) -> list[int]:
     return tree
 
 
+def _pss_kib(pid: int) -> int:
+    """The process's proportional set size in KiB (0 once it has ended, or where smaps_rollup is unreadable)."""
+    try:
+        rollup = (PROC / str(pid) / "smaps_rollup").read_text()
+    except OSError:
+        return 0
+    for line in rollup.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _status_kib(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM in KiB ({} once the process has ended, or for a kernel thread)."""
     try:
@@ -68,21 +83,24 @@ def main(root: int) -> None:
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     me = os.getpid()
-    peak_tree_kib, largest_kib, largest_command = 0, 0, ""
+    peak_tree_kib, peak_holders, largest_kib, largest_command = 0, [], 0, ""
     while not stopped:
-        tree_kib = 0
+        held = []  # (PSS KiB, pid) of each process in the tree now
         for pid in _tree(root):
             if pid == me:
                 continue
+            held.append((_pss_kib(pid), pid))
             status = _status_kib(pid)
-            tree_kib += status.get("VmRSS", 0)
             if status.get("VmHWM", 0) > largest_kib:
                 largest_kib, largest_command = status["VmHWM"], _command(pid)
-        peak_tree_kib = max(peak_tree_kib, tree_kib)
+        tree_kib = sum(kib for kib, _ in held)
+        if tree_kib > peak_tree_kib:
+            peak_tree_kib = tree_kib
+            peak_holders = [f"{kib / 2**20:.2f} GiB {_command(pid)[:60]}" for kib, pid in sorted(held)[-3:][::-1]]
         time.sleep(SAMPLE_EVERY_S)
-    print(f"peak resident memory: {peak_tree_kib * 1024 / GIB:.2f} GiB (this CI run's processes together, sampled "
-          f"every {SAMPLE_EVERY_S} s); largest single process: {largest_kib * 1024 / GIB:.2f} GiB "
-          f"({largest_command[:80]})", flush=True)
+    print(f"peak resident memory: {peak_tree_kib * 1024 / GIB:.2f} GiB (this CI run's processes together, PSS, "
+          f"sampled every {SAMPLE_EVERY_S} s; most of it then: {'; '.join(peak_holders)}); largest single process: "
+          f"{largest_kib * 1024 / GIB:.2f} GiB ({largest_command[:80]})", flush=True)
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def test_the_planner_refuses_an_unreliable_fit(monkeypatch):
     def missed(*args, **kwargs):
         return dataclasses.replace(original(*args, **kwargs), reliable=False, notes=["held-out miss"])
 
-    monkeypatch.setattr(activation_probe, "probed_activations", missed)
+    monkeypatch.setattr(memory_estimate, "probed_activations", missed)  # where the estimate looks it up
     with pytest.raises(DemoInputError, match="reliably: .*held-out miss"):
         device_estimate(PlanRequest(model="SmolLM2-135M", batch_size=1, seq_length=128))
 
