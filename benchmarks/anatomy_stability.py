@@ -5,7 +5,8 @@ does), then runs the CLI's comparison --runs times with the same arguments (the 
 tiny-llama, flan-like, 256 samples, padded,flatten, 20 steps, so 5 profiled steps per collator), each in its own
 process as a user would. Per collator it reports every run's share of the median profiled step by phase and by
 operation class, the largest difference of a share between runs (the target: ±0.10, --tolerance), backward /
-forward (sane: inside anatomy.PLAUSIBLE_BACKWARD_OVER_FORWARD) and the anatomy's doubts. Exits 1 when a share
+forward from the phases' CPU time (sane: inside anatomy.PLAUSIBLE_BACKWARD_OVER_FORWARD) beside the wall-clock one, and
+the anatomy's doubts. Exits 1 when a share
 differs by more than the tolerance or a ratio is not sane. Writes `anatomy_stability.md` and `.json` under --out.
 
     python benchmarks/anatomy_stability.py --out /tmp/anatomy
@@ -43,26 +44,28 @@ def compare_runs(documents: list[dict], tolerance: float) -> tuple[list[dict], b
         differences = {key: max(run[key] for run in per_run) - min(run[key] for run in per_run) for key in per_run[0]}
         worst = max(differences, key=differences.get)
         ratios = [backward_over_forward(anatomy) for anatomy in anatomies]
+        wall_ratios = [backward_over_forward(anatomy, "phases_wall") for anatomy in anatomies]
         sane = all(ratio is not None and low <= ratio <= high for ratio in ratios)
         agree = agree and differences[worst] <= tolerance and sane
         rows.append({"collator": result["collator"], "profiled_steps": result["profiled_steps"], "shares": per_run,
                      "largest_difference": differences[worst], "largest_difference_of": worst,
-                     "backward_over_forward": ratios, "sane": sane,
+                     "backward_over_forward": ratios, "backward_over_forward_wall": wall_ratios, "sane": sane,
                      "doubts": [anatomy.get("doubts", []) for anatomy in anatomies]})
     return rows, agree
 
 
 def markdown(rows: list[dict], tolerance: float, agree: bool) -> str:
     keys = list(rows[0]["shares"][0])
-    lines = ["| collator | run | " + " | ".join(keys) + " | backward / forward | doubts |",
-             "|---|---|" + "---|" * (len(keys) + 2)]
+    lines = ["| collator | run | " + " | ".join(keys) + " | backward / forward (CPU time) | (wall clock) | doubts |",
+             "|---|---|" + "---|" * (len(keys) + 3)]
     for row in rows:
-        for run, (run_shares, ratio, doubts) in enumerate(zip(row["shares"], row["backward_over_forward"],
-                                                             row["doubts"])):
+        for run, (run_shares, ratio, wall, doubts) in enumerate(zip(
+                row["shares"], row["backward_over_forward"], row["backward_over_forward_wall"], row["doubts"])):
+            wall_text = "–" if wall is None else f"{wall:.2f}"
             lines.append(f"| {row['collator']} | {run + 1} | " + " | ".join(f"{run_shares[k]:.2f}" for k in keys)
-                         + f" | {ratio:.2f} | {'; '.join(doubts) or '–'} |")
+                         + f" | {ratio:.2f} | {wall_text} | {'; '.join(doubts) or '–'} |")
         lines.append(f"| {row['collator']} | largest difference | {row['largest_difference']:.3f} "
-                     f"({row['largest_difference_of']}) |" + " |" * (len(keys) + 1))
+                     f"({row['largest_difference_of']}) |" + " |" * (len(keys) + 2))
     verdict = f"every share within ±{tolerance:.2f} between runs and every backward / forward sane: " \
               f"{'yes' if agree else 'NO'}"
     return "\n".join(lines) + f"\n\n{verdict}\n"

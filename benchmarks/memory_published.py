@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from transformers import MistralConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from demo_core.memory import reserve as memory_reserve  # noqa: E402
@@ -78,9 +80,42 @@ _HF_RUNS = (
 # batch size 1, every sequence padded to the length tried (December 2024). [Not stated, so the stack of the time:
 # Hugging Face's loss over the full logits; TRL's SFTTrainer, which for a 4-bit model called peft's
 # prepare_model_for_kbit_training: gradient checkpointing on and every parameter that is not 4-bit (embeddings,
-# norms, LM head) upcast to fp32; AdamW as the planner's default.]
+# norms, LM head) upcast to fp32, the planner's QLoRA default; AdamW as the planner's default.] The table's six
+# Llama-3.1-8B cards lie on one line, memory = 9.7 GB + 2.47 MB x tokens: its fixed part is the upcast model's
+# (the planner's, fp32 non-4-bit weights: 10.5 GiB; bf16 ones: 7.6 GiB).
 _UNSLOTH_BASE = dict(qlora=True, lora_rank=32, batch_size=1, attention="flash_attention_2", loss="full",
-                     base_dtype="fp32", gradient_checkpointing=True)
+                     gradient_checkpointing=True)
+# foundation-model-stack/fms-acceleration, scripts/benchmarks/refs_orca/a100_80gb_pf.csv (scenarios-orca.yaml,
+# defaults.yaml, refs_orca/requirements.txt: torch 2.4, transformers 4.44, flash-attn 2.6.3): Mistral-7B-v0.1 on
+# the first 2,000 OrcaMath examples, one A100 80GB, flash attention, gradient checkpointing, 2 micro-batches per
+# step, Trainer's AdamW (adamw_torch: foreach); full fine-tune with torch_dtype float16 and no autocast (weights,
+# gradients and AdamW states all fp16: pure half precision, which the planner's pure-bf16 counts byte for byte);
+# QLoRA (bitsandbytes NF4) r=16 on q, k, v, o, fp16 autocast. mem_peak_torch_mem_alloc_in_bytes is
+# max_memory_allocated, mem_torch_mem_alloc_in_bytes memory_allocated after training. [Not stated: the sequence
+# lengths of the batches (OrcaMath in Mistral's tokenizer): 1,024 tokens a row; the full fine-tune's peak is the
+# optimizer step's, which no length changes. QLoRA's other weights as loaded, fp16 (its memory after training says
+# so: with the fp32 upcast it would read 0.5 GB more).]
+FMS_ORCA_CSV = ("https://github.com/foundation-model-stack/fms-acceleration/blob/6028250f1ae1838b7b6cf80e4b28bd12ba43564d"
+                "/scripts/benchmarks/refs_orca/a100_80gb_pf.csv")
+MISTRAL_7B_V01 = "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json"
+_FMS_FULL = dict(model="Mistral-7B-v0.1", precision="pure-bf16", optimizer_impl="foreach", grad_accum=2,
+                 gradient_checkpointing=True, attention="flash_attention_2", seq_length=1024, gpu_gb=80)
+_FMS_QLORA = dict(model="Mistral-7B-v0.1", precision="fp16", qlora=True, lora_rank=16,
+                  lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), base_dtype="half", grad_accum=2,
+                  gradient_checkpointing=True, attention="flash_attention_2", seq_length=1024, gpu_gb=80)
+_FMS_RUNS = (
+    ("full fine-tune fp16, batch 4, padded", "max_memory_allocated", 72_468_057_600, dict(batch_size=4)),
+    ("full fine-tune fp16, batch 8, padded", "max_memory_allocated", 72_470_203_904, dict(batch_size=8)),
+    ("full fine-tune fp16, batch 4, padding-free", "max_memory_allocated", 72_468_633_600,
+     dict(batch_size=4, packed=True)),
+    ("full fine-tune fp16, batch 8, padding-free", "max_memory_allocated", 72_462_073_344,
+     dict(batch_size=8, packed=True)),
+    ("full fine-tune fp16, batch 4, after training", "memory_allocated", 43_467_546_624, dict(batch_size=4)),
+)
+_FMS_QLORA_RUNS = (
+    ("QLoRA r=16 q,k,v,o, batch 4, after training", "memory_allocated", 4_306_167_808, dict(batch_size=4)),
+    ("QLoRA r=16 q,k,v,o, batch 8, after training", "memory_allocated", 4_306_213_888, dict(batch_size=8)),
+)
 _UNSLOTH_RUNS = (
     ("Llama-3.1-8B", 12, 932), ("Llama-3.1-8B", 16, 2_551), ("Llama-3.1-8B", 24, 5_789),
     ("Llama-3.1-8B", 40, 12_264), ("Llama-3.1-8B", 48, 15_502), ("Llama-3.1-8B", 80, 28_454),
@@ -94,6 +129,12 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
                    "[checkpointing, fp32 non-4-bit weights, AdamW]", "max_seq_length", tokens,
                    {**_UNSLOTH_BASE, "model": model, "gpu_gb": gb, "seq_length": 2048})
       for model, gb, tokens in _UNSLOTH_RUNS),
+    *(PublishedRun(FMS_ORCA_CSV, f"Mistral-7B-v0.1, OrcaMath, 1 x A100 80GB, FA2, checkpointing, 2 micro-batches: "
+                   f"{setting} [1,024 tokens a row]", metric, measured, {**_FMS_FULL, **change})
+      for setting, metric, measured, change in _FMS_RUNS),
+    *(PublishedRun(FMS_ORCA_CSV, f"Mistral-7B-v0.1, OrcaMath, 1 x A100 80GB, FA2, checkpointing, 2 micro-batches: "
+                   f"{setting} [fp16 non-4-bit weights]", metric, measured, {**_FMS_QLORA, **change})
+      for setting, metric, measured, change in _FMS_QLORA_RUNS),
     # torchtune README (Nov 2024), memory flags table: Llama 3.2 3B, full fine-tune, bf16, batch 2, max length 4096,
     # A100, full_finetune_single_device; row "+ Packed Dataset" (every row 4096 tokens): peak memory active 60.0 GiB.
     # Before compile, the chunked loss, checkpointing and the other flags; AdamW (torch's, foreach by default).
@@ -110,6 +151,20 @@ def _bert_folder(root: Path) -> str:
     if not folder.exists():
         bert_large_config().save_pretrained(folder)
     return str(folder)
+
+
+def _mistral_v01_folder(root: Path) -> str:
+    """Mistral-7B-v0.1's config.json (MISTRAL_7B_V01): the shipped Mistral-7B-v0.3 has a larger vocabulary."""
+    folder = root / "Mistral-7B-v0.1"
+    if not folder.exists():
+        MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768,
+                      sliding_window=4096, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      architectures=["MistralForCausalLM"]).save_pretrained(folder)
+    return str(folder)
+
+
+_LOCAL_MODELS = {"bert-large-seq-cls": _bert_folder, "Mistral-7B-v0.1": _mistral_v01_folder}
 
 
 @dataclasses.dataclass
@@ -132,13 +187,14 @@ class Row:
 
 
 _PREDICTION_KEY = {"nvidia-smi": "device_used_bytes", "max_memory_reserved": "reserved_bytes",
-                   "max_memory_allocated": "total_bytes", "max_seq_length": "max_seq_length"}
+                   "max_memory_allocated": "total_bytes", "max_seq_length": "max_seq_length",
+                   "memory_allocated": "weights + optimizer"}
 
 
 def predict(run: PublishedRun, root: Path) -> Row:
     fields = dict(run.request)
-    if fields["model"] == "bert-large-seq-cls":
-        fields["model"] = _bert_folder(root)
+    if fields["model"] in _LOCAL_MODELS:
+        fields["model"] = _LOCAL_MODELS[fields["model"]](root)
     request = PlanRequest(**fields)
     key = _PREDICTION_KEY[run.metric]
     if key == "max_seq_length":
@@ -149,7 +205,8 @@ def predict(run: PublishedRun, root: Path) -> Row:
         return Row(run, central, "device_used_bytes = the card", decided.max_seq_length)
     estimate = device_estimate(request)
     value = {"device_used_bytes": estimate.memory.device_used.bytes, "reserved_bytes": estimate.memory.reserved.bytes,
-             "total_bytes": estimate.peak_bytes}[key]
+             "total_bytes": estimate.peak_bytes,
+             "weights + optimizer": estimate.categories["weights"] + estimate.categories["optimizer"]}[key]
     return Row(run, value, key)
 
 
@@ -175,7 +232,7 @@ def published_table(rows: list[Row]) -> list[str]:
 
 def _short(url: str) -> str:
     return {HF_SINGLE_GPU: "HF single-GPU guide", UNSLOTH_LLAMA_3_3: "Unsloth Llama 3.3 blog",
-            TORCHTUNE_README: "torchtune README"}.get(url, url)
+            TORCHTUNE_README: "torchtune README", FMS_ORCA_CSV: "fms-acceleration refs_orca"}.get(url, url)
 
 
 def summary_lines(rows: list[Row]) -> list[str]:

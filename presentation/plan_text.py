@@ -86,7 +86,8 @@ def format_plan(document: dict) -> str:
         f"  {'live peak':<16}{_gib(document['total_bytes']):>8}  at {document['peak_moment']} "
         f"(max_memory_allocated)",
         f"  {'reserved':<16}{_gib(document['reserved_bytes']):>8}  (max_memory_reserved: + allocator rounding, "
-        f"workspaces, cache)",
+        f"workspaces, cache" + (", stranded segments"
+                                if document["reserve_terms"].get("stranded_segments") else "") + ")",
         f"  {'device used':<16}{_gib(document['device_used_bytes']):>8}  (nvidia-smi: + CUDA context, NCCL; "
         f"range {_gib(low)}-{_gib(high)})",
         "",

@@ -96,5 +96,3 @@ def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN, *, dpi: floa
     axes.set_title(wrap_lines(f"Memory against sequence length (batch size {result.request.batch_size}, {profile})\n"
                               f"vertical line: the length asked", int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
     return figure
-
-

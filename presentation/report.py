@@ -165,14 +165,14 @@ DOES_NOT_SCALE = ("attention", "optimizer", "data", "other")
 
 
 def anatomy_rows(document: dict, part: str) -> list[list[str]]:
-    """A header and one row per profiled collator: `part` "phases" or "ops", in ms of the median profiled step, with
-    backward / forward."""
-    names = PHASES if part == "phases" else OP_CLASSES
+    """A header and one row per profiled collator: `part` "phases" (CPU time on a CPU), "phases_wall" or "ops", in ms
+    of the median profiled step, with backward / forward."""
+    names = PHASES if part.startswith("phases") else OP_CLASSES
     rows = [["collator", "profiled steps", "median step ms", *names, "backward / forward"]]
     for result in document["results"]:
         anatomy = result.get("time_anatomy")
-        if anatomy:
-            ratio = backward_over_forward(anatomy)
+        if anatomy and part in anatomy:  # runs saved before the wall-clock phases have none
+            ratio = backward_over_forward(anatomy, "phases_wall" if part == "phases_wall" else "phases")
             rows.append([result["collator"], ",".join(str(step) for step in _profiled(result)),
                          f"{anatomy['step_s'] * 1000:.0f}", *(f"{anatomy[part][name] * 1000:.0f}" for name in names),
                          "–" if ratio is None else f"{ratio:.2f}"])
@@ -239,10 +239,17 @@ def anatomy_markdown(document: dict) -> str:
         return "*No step was profiled: the anatomy needs at least 2 steps (step 2 is the first profiled one).*"
     ratios = ", ".join(f"{r['collator']} {backward_over_forward(r['time_anatomy']):.2f}×" for r in profiled)
     steps = ", ".join(str(step) for step in _profiled(profiled[0]))
+    on_cpu = [r for r in profiled if "phases_cpu_s" in r["time_anatomy"]]
+    clock = ""
+    if on_cpu:  # phases from the process's CPU time: what other processes take from it cannot move between phases
+        wall = ", ".join(f"{r['collator']} {backward_over_forward(r['time_anatomy'], 'phases_wall'):.2f}×"
+                         for r in on_cpu)
+        clock = (f"; phases measured in the process's CPU time, which other work on the machine cannot shift "
+                 f"(wall clock: {wall})")
     lines = [f"Backward / forward time: {ratios} (the model training anatomy: backward ≈ 2× forward, two matmuls "
-             f"per forward one). Steps {steps} of each burst, profiled with torch.profiler and left out of the "
-             "throughput; each share is the median over those steps. The profiler slows a step, so compare shares, "
-             "not seconds."]
+             f"per forward one{clock}). Steps {steps} of each burst, profiled with torch.profiler and left out of "
+             "the throughput; each share is the median over those steps. The profiler slows a step, so compare "
+             "shares, not seconds."]
     lines += [f"⚠ {line}." for line in anatomy_doubt_lines(document)]
     return "\n\n".join(lines + _gap_sentences(document))
 
@@ -441,10 +448,13 @@ def format_report(document: dict) -> str:
     lines.append(text_table(rows))
     lines += [f"  {result['collator']}: {words}" for result, entry in result_entries(document)
               for words in flags_in_words(entry)]
-    for part in ("phases", "ops"):
+    on_cpu = any("phases_cpu_s" in (result.get("time_anatomy") or {}) for result in document["results"])
+    for part, by in (("phases", "phase" + (" (the process's CPU time, in shares of the step)" if on_cpu else "")),
+                     ("phases_wall", "phase, wall clock"), ("ops", "operation")):
+        if part == "phases_wall" and not on_cpu:  # on a GPU the phases are the wall clock already (or a saved run)
+            continue
         anatomy = anatomy_rows(document, part)
         if len(anatomy) > 1:
-            by = "phase" if part == "phases" else "operation"
             lines += ["", f"time anatomy of the profiled steps (median), by {by} (ms)", text_table(anatomy)]
     lines += [f"  {line}" for line in anatomy_doubt_lines(document)]
     gaps = _gap_sentences(document)

@@ -1,5 +1,9 @@
 """Time anatomy: operator classification, and the anatomy of real tiny training bursts."""
 
+import multiprocessing
+import os
+import time
+
 import pytest
 import torch
 from torch.profiler import profile
@@ -9,8 +13,10 @@ from demo_core.step_statistics import profiled_steps
 from demo_core.training.anatomy import (
     OP_CLASSES,
     PHASES,
+    PLAUSIBLE_BACKWARD_OVER_FORWARD,
     StepProfiler,
     _ModuleRanges,
+    backward_over_forward,
     classify_events,
     classify_op,
     robust_anatomy,
@@ -121,6 +127,8 @@ def test_every_burst_profiles_the_same_steps_and_leaves_them_out_of_the_throughp
 def test_phases_and_operations_each_add_up_to_the_profiled_step(tiny_run):
     for anatomy in (a for result in tiny_run["results"] for a in [result["time_anatomy"], *result["step_anatomies"]]):
         assert sum(anatomy["phases"].values()) == pytest.approx(anatomy["step_s"], rel=0.15)
+        assert sum(anatomy["phases_wall"].values()) == pytest.approx(anatomy["step_s"], rel=0.15)
+        assert min(anatomy["phases_cpu_s"][phase] for phase in ("forward", "backward")) > 0
         assert sum(anatomy["ops"].values()) == pytest.approx(anatomy["step_s"], rel=0.15)
         assert anatomy["ops"]["other"] < 0.5 * anatomy["step_s"]  # "other" tops up to step_s: most is classified
         assert all(seconds >= 0 for seconds in [*anatomy["phases"].values(), *anatomy["ops"].values()])
@@ -188,3 +196,73 @@ def test_the_anatomy_sentence_says_slower_and_never_claims_more_than_the_slots_i
     beyond = report._gap_sentence(padded, _profiled("flatten", matmul_s=0.08, other_s=0.2))
     assert "it ran 10.00× faster" in beyond
     assert "10.00× is more than the 2.00× that removing padding can give" in beyond and "timed steps" in beyond
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(6)))
+
+    def forward(self, x):
+        return self.layers(x).pow(2).mean()
+
+
+@pytest.fixture
+def one_thread():
+    """What a CPU burst trains with (RunConfig's threads default): with more, idle OpenMP workers spin between
+    operators and their spinning counts as the process's CPU time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _profiled_toy_step(stall_forward_s: float) -> dict:
+    """One training step of a small MLP through StepProfiler's marks, as Trainer's callbacks place them, with the
+    process off the CPU for `stall_forward_s` during its forward (a sleep: what a busy machine's scheduler does)."""
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(512, 256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model.register_forward_hook(lambda *_: time.sleep(stall_forward_s))
+    profiler = StepProfiler(model, "cpu", [1])
+    profiler.open()
+    profiler.mark("step_begin")
+    model(x).backward()
+    optimizer.step()
+    profiler.mark("optimizer_end")
+    profiler.close(1)
+    return profiler.step_anatomies[0]
+
+
+def test_phases_count_the_time_the_process_ran_not_the_time_it_waited(one_thread):
+    steady, stalled = _profiled_toy_step(0.0), _profiled_toy_step(0.4)
+    # wall clock: the stall lands in the forward, and backward reads faster than forward
+    assert stalled["phases_wall"]["forward"] > 0.4 and backward_over_forward(stalled, "phases_wall") < 0.75
+    # CPU time: the stalled step's forward is as long as the steady one's, and so is the ratio
+    assert stalled["phases_cpu_s"]["forward"] < 0.1
+    assert backward_over_forward(stalled) == pytest.approx(backward_over_forward(steady), rel=0.5)
+    assert backward_over_forward(stalled) > 3 * backward_over_forward(stalled, "phases_wall")
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def test_backward_over_forward_stays_plausible_with_every_core_busy():
+    """benchmarks/anatomy_stability.py's check in one run: a process spinning on every core while a burst trains."""
+    spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+                for _ in range(os.cpu_count() or 1)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        document = run_comparison(RunConfig(model="tiny-llama", dataset="flan-like", samples=32,
+                                            collators=("padded", "flatten"), steps=6, batch_size=8,
+                                            device="cpu")).to_dict()
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+    low, high = PLAUSIBLE_BACKWARD_OVER_FORWARD
+    for result in document["results"]:
+        for anatomy in result["step_anatomies"]:  # every profiled step, not only their centre
+            assert low <= backward_over_forward(anatomy) <= high, (result["collator"], anatomy["phases_cpu_s"])

@@ -8,6 +8,7 @@ from demo_core.attention import preflight
 from demo_core.caches import LRU
 from demo_core.memory import parameters, planner
 from demo_core.memory import probe as activation_probe
+from demo_core.memory import probe_model
 from demo_core.models.sources import load_model_source
 from tiny_models import family_config
 
@@ -28,7 +29,10 @@ def test_release_caches_empties_every_engine_cache():
     planner.dataset_lengths("flan-like", 8, 0)
     preflight.check_packing_is_exact(load_model_source("tiny-llama"), "sdpa", "cpu", ("flatten",))
     activation_probe._FIT_CACHE["a fit"] = "its numbers"
+    probe_model.derived_fields(family_config("llama"))
+    assert probe_model._DERIVED
     assert parameters._PARAM_FACTS_CACHE and preflight._passed and planner.dataset_lengths.cache_info().currsize
     demo_core.release_caches()
     assert not parameters._PARAM_FACTS_CACHE and not preflight._passed and not activation_probe._FIT_CACHE
+    assert not probe_model._DERIVED
     assert planner.dataset_lengths.cache_info().currsize == 0

@@ -91,9 +91,11 @@ def test_lora_trainable_params_match_the_module_shapes(targets):
 
 def test_qlora_stores_the_linear_weights_in_four_bits():
     lora = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, batch_size=1, seq_length=512))
-    qlora = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512))
-    kbit = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512,
-                            base_dtype="fp32"))  # peft's prepare_model_for_kbit_training upcasts the rest
+    qlora = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512,
+                             base_dtype="half"))  # the rest of the base as loaded
+    # the default: peft's prepare_model_for_kbit_training upcasts the rest to fp32
+    kbit = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, qlora=True, batch_size=1, seq_length=512))
+    assert kbit.request.base_dtype == "fp32"
     # 8.03B params, of which the embeddings and the output layer (2 x 128256 x 4096) are not quantized
     linear = lora.device.params - 2 * 128256 * 4096 - 65 * 4096  # minus the norms
     rest = lora.device.params - linear

@@ -9,10 +9,11 @@ The categories follow the Hugging Face "model training anatomy" page, plus the C
                  AdamW two uint8 states + an fp32 absmax per 256-element block; Adafactor factored second moments
     activations  what autograd saves for backward, fitted per architecture by memory/probe.py from tiny copies
                  of the model, plus the formulas below for what the probe leaves out
-    temporary    the largest short-lived buffer: the loss head's gradients at the start of backward (full logits, or
-                 a chunked head's tiles and fp32 accumulators), the optimizer's scratch at the step (foreach: a copy
-                 of every state; single-tensor: of the largest; fused: none), or (gradient checkpointing) one
-                 layer recomputed during backward
+    temporary    the largest short-lived buffers: the loss head's gradients at the start of backward (full logits,
+                 or a chunked head's tiles and fp32 accumulators), the optimizer's scratch at the step (foreach: a copy
+                 of every state; single-tensor: of the largest; fused: none), or a layer's backward (the gradients
+                 of its saved tensors; with gradient checkpointing the layer recomputed first; QLoRA's weight
+                 dequantized for the matmul)
     context      CUDA context + library workspaces: measured, passed in as `context_bytes`; 0 on CPU (the planner
                  adds the context, the allocator's reserve and NCCL around the live tensors: memory_reserve.py)
 
@@ -134,11 +135,12 @@ def _weight_copy_bytes(config: Any, settings: TrainingSettings) -> int:
 
 def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
                      ) -> tuple[dict[str, int], int, list, bool]:
-    """(bytes saved for backward term by term, one recomputed layer's bytes, notes, whether the fit is reliable).
+    """(bytes saved for backward term by term, one decoder layer's saved bytes without checkpointing, notes, whether
+    the fit is reliable).
 
     The sum of the terms is the `activations` category: what is alive at the end of the forward. With gradient
     checkpointing that is each layer's input plus the once-per-model tensors; one layer is recomputed at a time
-    during backward, which the second value gives (a `temporary`).
+    during backward, with the bytes of the second value (a `temporary`).
     """
     shape = model_shape(config)
     mask_bytes = 1 if settings.device_type == "cuda" else 4  # CUDA's fused dropout keeps a bool mask, CPU a float
@@ -147,19 +149,19 @@ def activation_terms(config: Any, step: StepShape, settings: TrainingSettings
     terms, notes, reliable = probed.terms, list(probed.notes), probed.reliable
     kernel = (attention_kernel_terms(shape, step, settings, probed.kernel_heads, probed.kernel_layers)
               if probed.kernel_heads else {})
-    recomputed = 0
     if settings.gradient_checkpointing:
         # Inside a checkpointed layer nothing is saved, the kernel's tensors included; one layer at a time is
         # recomputed in backward with everything the forward without checkpointing saves.
         full = probed_activations(
             config, _probe_spec(step, settings, checkpointing=False), step.rows, step.seq_len, mask_bytes)
-        recomputed = full.largest_layer_bytes + kernel.get("attention_kernel", 0) // max(probed.kernel_layers, 1)
+        layer = full.largest_layer_bytes + kernel.get("attention_kernel", 0) // max(probed.kernel_layers, 1)
         notes += [note for note in full.notes if note not in notes]
         reliable = reliable and full.reliable
     else:
+        layer = probed.largest_layer_bytes + kernel.get("attention_kernel", 0) // max(probed.kernel_layers, 1)
         terms.update(kernel)
     terms["amp_weight_copies"] = _weight_copy_bytes(config, settings)
-    return {name: nbytes for name, nbytes in terms.items() if nbytes}, recomputed, notes, reliable
+    return {name: nbytes for name, nbytes in terms.items() if nbytes}, layer, notes, reliable
 
 
 # ---- states, temporaries, peaks ---------------------------------------------------------------------------------
@@ -197,8 +199,18 @@ def optimizer_step_bytes(settings: TrainingSettings, train: Trainable) -> int:
     return 2 * train.bytes_per_param * largest_tensor
 
 
+def dequantized_weight_bytes(config: Any, settings: TrainingSettings) -> int:
+    """bitsandbytes' 4-bit matmul dequantizes its weight to the compute dtype for every forward and backward
+    (bnb.matmul_4bit: F.dequantize_4bit, then a half-precision matmul), one weight at a time: the largest."""
+    if not settings.quantized_base:
+        return 0
+    largest = max((fan_in * fan_out for _, fan_in, fan_out, is_output in param_facts(config).linear_layers
+                   if not is_output), default=0)
+    return largest * PRECISIONS[settings.precision].compute_bytes
+
+
 def temporary_terms(shape: ModelShape, step: StepShape, settings: TrainingSettings, train: Trainable,
-                    recomputed_layer_bytes: int) -> dict[str, int]:
+                    layer_bytes: int, dequantized_bytes: int = 0) -> dict[str, int]:
     outputs = step.rows if shape.classifier else step.token_slots
     precision = PRECISIONS[settings.precision]
     half_logits = precision.compute_bytes if precision.half_compute else 0
@@ -209,8 +221,25 @@ def temporary_terms(shape: ModelShape, step: StepShape, settings: TrainingSettin
         "logits_gradients": (chunked_head_backward_bytes(shape, step, settings) if settings.loss == "trl-fused" else
                              outputs * shape.output_width * (2 * _FP32_BYTES + half_logits)),
         "optimizer_step": optimizer_step_bytes(settings, train),
-        "recomputed_layer": recomputed_layer_bytes,
+        # Checkpointing: one layer recomputed at a time in backward, everything it saves without checkpointing.
+        "recomputed_layer": layer_bytes if settings.gradient_checkpointing else 0,
+        # A layer's backward makes the gradients of its saved tensors while they are still alive: at most a layer's
+        # saved bytes of them (the first layer's backward, on top of every other layer's activations).
+        "layer_gradients": layer_bytes,
+        "dequantized_weight": dequantized_bytes,
     }
+
+
+def backward_layer_bytes(temporaries: dict[str, int]) -> int:
+    """What a layer's backward holds beside the activations: the layer recomputed (checkpointing), its tensors'
+    gradients and a 4-bit weight dequantized for the matmul."""
+    return sum(temporaries.get(name, 0) for name in ("recomputed_layer", "layer_gradients", "dequantized_weight"))
+
+
+def largest_temporary(temporaries: dict[str, int]) -> int:
+    """The `temporary` category: the largest short-lived set of buffers of any moment."""
+    return max(temporaries.get("logits_gradients", 0), temporaries.get("optimizer_step", 0),
+               backward_layer_bytes(temporaries), temporaries.get("gathered_weights", 0))
 
 
 def live_by_moment(categories: dict[str, int], temporaries: dict[str, int],
@@ -229,9 +258,10 @@ def live_by_moment(categories: dict[str, int], temporaries: dict[str, int],
         "optimizer_step": {**held, "gradients": categories["gradients"],
                            "temporary": temporaries.get("optimizer_step", 0)},
     }
-    if temporaries.get("recomputed_layer"):
-        # Conservative: the head's saved tensors are already freed when the first layer is recomputed.
-        live["backward_recompute"] = {**forward, "temporary": temporaries["recomputed_layer"]}
+    # The first layer's backward (the last layer of the model): conservative, the head's saved tensors are already
+    # freed by then. With checkpointing that layer is recomputed first.
+    moment = "backward_recompute" if temporaries.get("recomputed_layer") else "backward_layer"
+    live[moment] = {**forward, "temporary": backward_layer_bytes(temporaries)}
     return live
 
 
@@ -276,14 +306,14 @@ def estimate_memory_detail(config: Any, step: StepShape, settings: TrainingSetti
     if settings.loss == "trl-fused" and not shape.causal_lm:
         raise ValueError("a chunked LM-head loss computes next-token log-probabilities: causal language models only")
     train = trainable(config, settings)
-    activations, recomputed, notes, reliable = activation_terms(config, step, settings)
-    temporaries = temporary_terms(shape, step, settings, train, recomputed)
+    activations, layer, notes, reliable = activation_terms(config, step, settings)
+    temporaries = temporary_terms(shape, step, settings, train, layer, dequantized_weight_bytes(config, settings))
     categories = {
         "weights": weight_bytes(config, settings),
         "gradients": train.bytes_per_param * train.params,
         "optimizer": optimizer_state_bytes(settings.optimizer, train),
         "activations": sum(activations.values()),
-        "temporary": max(temporaries.values()),
+        "temporary": largest_temporary(temporaries),
         "context": int(settings.context_bytes or 0),
     }
     if settings.attention in PER_SEGMENT_ATTENTION:

@@ -67,11 +67,18 @@ class ParamFacts:
     quantizable_params: int  # matmul weights but the output layer's (what QLoRA stores in 4 bits)
     linear_layers: tuple[tuple[str, int, int, bool], ...]  # (name, in, out, is the output layer) of every matmul
     largest_layer_params: int  # one decoder layer's parameters (what ZeRO-3/FSDP gathers at a time)
+    layer_structures: tuple[tuple[tuple[str, str], ...], ...]  # per decoder layer: (module name, class) of its parts
 
 
 # One entry per model config, a few hundred KB at most (a 70B model's per-layer shapes); 64 configs cover the
 # presets, the shipped configs and the hub ids a server is asked about, and bound what uploaded folders add.
 _PARAM_FACTS_CACHE: LRU = LRU(max_entries=64)
+
+
+def layer_structure(layer: torch.nn.Module) -> tuple[tuple[str, str], ...]:
+    """What a decoder layer is built of, whatever its widths: each part's name and class (an attention layer, a
+    Mamba mixer, a mixture of experts or a dense MLP tell themselves apart by it)."""
+    return tuple((name, type(module).__name__) for name, module in layer.named_modules())
 
 
 def param_facts(config: Any) -> ParamFacts:
@@ -94,6 +101,7 @@ def param_facts(config: Any) -> ParamFacts:
         # Autocast copies every 2-D weight a matmul uses: linear layers, and routers that are plain parameters (MoE
         # gates). An embedding's weight is looked up, never copied, unless a linear layer shares it (tied lm_head).
         looked_up = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - set(linear)
+        decoder = decoder_layers(model, int(config.num_hidden_layers))
         facts = _PARAM_FACTS_CACHE[key] = ParamFacts(
             params=sum(p.numel() for p in params),
             tensor_shapes=tuple(tuple(p.shape) for p in params),
@@ -101,8 +109,8 @@ def param_facts(config: Any) -> ParamFacts:
             matmul_weight_params=sum(p.numel() for p in params if p.dim() == 2 and id(p) not in looked_up),
             quantizable_params=sum(n for n, is_output in linear.values() if not is_output),
             linear_layers=tuple(layers),
-            largest_layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in
-                                     decoder_layers(model, int(config.num_hidden_layers))),
+            largest_layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in decoder),
+            layer_structures=tuple(layer_structure(layer) for layer in decoder),
         )
     return facts
 

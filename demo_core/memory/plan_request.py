@@ -102,7 +102,8 @@ class PlanRequest:
     seed: int = SEED.placed()
     base_dtype: str = setting("auto", choices=BASE_DTYPE_NAMES,
                               help="the loaded weights under bf16/fp16: fp32 masters or half (loaded in bf16/fp16); "
-                                   "auto: half for LoRA/QLoRA, fp32 for a full fine-tune")
+                                   "auto: half for LoRA, fp32 for a full fine-tune and for QLoRA's weights that are "
+                                   "not 4-bit (peft's prepare_model_for_kbit_training upcasts them)")
     adapter_dtype: str = setting("fp32", choices=ADAPTER_DTYPE_NAMES,
                                  help="LoRA adapters in fp32 (peft's default) or in the base weights' dtype")
     loss: str = setting("auto", choices=LOSS_NAMES,
@@ -153,8 +154,8 @@ class PlanRequest:
         lora = numbers["lora_rank"] > 0
         numbers["gradient_checkpointing"] = resolved_checkpointing(numbers["gradient_checkpointing"], lora)
         base_dtype = self.base_dtype
-        if base_dtype == "auto":
-            base_dtype = "half" if lora and self.precision in ("bf16", "fp16") else "fp32"
+        if base_dtype == "auto":  # QLoRA: peft's prepare_model_for_kbit_training upcasts what is not 4-bit
+            base_dtype = "half" if lora and not self.qlora and self.precision in ("bf16", "fp16") else "fp32"
         return dataclasses.replace(self, model=self.model.strip(), lora_targets=parse_lora_targets(self.lora_targets),
                                    dataset=dataset, base_dtype=base_dtype,
                                    optimizer_impl="fused" if self.optimizer_impl == "auto" else self.optimizer_impl,

@@ -13,9 +13,11 @@ Three numbers per plan, each for what it predicts (memory_reserve.py):
 range the published measurements behind the reserve and the context allow.
 
 Defaults are what people run. A full fine-tune: Trainer(bf16=True), fp32 master weights, no checkpointing, the
-model's own loss. LoRA / QLoRA: what TRL's SFTTrainer does with a peft config, the base loaded in bf16 (or 4 bits),
-fp32 adapters, gradient checkpointing on, the chunked LM-head loss. Each is a setting (`base_dtype`,
-`adapter_dtype`, `gradient_checkpointing`, `loss`, `optimizer_impl`), resolved in the plan's `request`.
+model's own loss. LoRA / QLoRA: what TRL's SFTTrainer does with a peft config, the base loaded in bf16, fp32
+adapters, gradient checkpointing on, the chunked LM-head loss; QLoRA's linear weights in 4 bits and the rest of its
+base in fp32, as peft's prepare_model_for_kbit_training leaves it (the published QLoRA max-length runs' fixed memory
+is that one, docs/MEMORY.md). Each is a setting (`base_dtype`, `adapter_dtype`, `gradient_checkpointing`, `loss`,
+`optimizer_impl`), resolved in the plan's `request`.
 
 Sharding, per device. Data parallel: each device runs its own micro-batch of `batch_size`, so activations are never
 divided.
@@ -39,12 +41,13 @@ from typing import Callable, Sequence
 from transformers import PretrainedConfig
 
 from demo_core.caches import registered
+from demo_core.config import PER_SEGMENT_ATTENTION
 from demo_core.data import loading as data
 from demo_core.data.profiles import is_length_profile, read_length_profile
 from demo_core.errors import DemoInputError
-from demo_core.memory.estimate import StepPeak, estimate_memory_detail, live_by_moment
+from demo_core.memory.estimate import StepPeak, estimate_memory_detail, largest_temporary, live_by_moment
 from demo_core.memory.heads import model_head
-from demo_core.memory.parameters import param_facts, state_tensor_sizes
+from demo_core.memory.parameters import model_shape, param_facts, state_tensor_sizes
 from demo_core.memory.plan_request import (
     FIT_BASIS,
     GIB,
@@ -60,6 +63,8 @@ from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.models.sources import PRESETS, byte_tokenizer, max_positions
 
 _MAX_SEARCH_BATCH = 1 << 16  # the largest batch size a fit is searched up to
+_KERNEL_CHECK_TOKENS = 64  # one short row: whether the model's forward runs on a kernel path at all
+_PROBE_ERRORS = (ValueError, KeyError, TypeError, RuntimeError, IndexError)  # a forward the probe cannot run
 
 # ---- the step: a batch of one size, or the worst batch of a dataset's length profile -----------------------------
 
@@ -130,8 +135,23 @@ def _blocks(sizes: list[int], total: int) -> list[tuple[int, int]]:
     return list(counts.items()) + ([(rest, 1)] if rest > 0 else [])
 
 
+def stranded_bytes(config: PretrainedConfig, settings: TrainingSettings, temporaries: dict[str, int],
+                   peak_moment: str) -> int:
+    """Segments the peak's requests cannot reuse (memory_reserve.py): with gradient checkpointing every layer's
+    forward frees its buffers as it ends, and the last layer's stay cached in their segments; the full logits that
+    come next (the head's output, the loss's fp32 copies and, at the start of backward, their gradients: a vocabulary
+    wide per token) are each larger than any of them, so they get segments of their own while those stay reserved.
+    A layer's forward buffers are at most what it saves without checkpointing (`recomputed_layer`). TRL's chunked
+    head asks for blocks no larger than a layer's, which reuse them."""
+    shape = model_shape(config)
+    full_logits = settings.loss != "trl-fused" and not shape.classifier and shape.output_width > shape.hidden_size
+    if settings.device_type != "cuda" or peak_moment != "backward_start" or not full_logits:
+        return 0
+    return temporaries.get("recomputed_layer", 0)
+
+
 def _device_memory(config: PretrainedConfig, settings: TrainingSettings, gpus: int, shard: str,
-                   live: dict[str, int], context: Span, context_source: str) -> DeviceMemory:
+                   live: dict[str, int], context: Span, context_source: str, stranded: int = 0) -> DeviceMemory:
     """Reserved and device-used memory around the live tensors at the peak (`live`, per category). The segments
     are emulated for the tensors a step keeps (weights, gradients, optimizer state: their sizes are exact); what
     the step allocates and frees (activations, temporaries) is in the measured cache slack."""
@@ -145,7 +165,7 @@ def _device_memory(config: PretrainedConfig, settings: TrainingSettings, gpus: i
     persistent = live.get("weights", 0) + live.get("optimizer", 0) + (
         live.get("gradients", 0) if settings.gradients_kept else 0)
     return device_memory(allocated, blocks, allocated - persistent, shard in ("zero3", "fsdp"), gpus, context,
-                         context_source)
+                         context_source, stranded)
 
 
 def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: TrainingSettings, gpus: int = 1,
@@ -167,7 +187,7 @@ def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: Tra
     elif shard == "none" and gpus > 1:
         buckets = categories["gradients"]  # DDP's reducer: a flat copy of every gradient, alive the whole step
         categories["gradients"] += buckets
-    categories["temporary"] = max(temporaries.values())
+    categories["temporary"] = largest_temporary(temporaries)
     live = live_by_moment(categories, temporaries, settings.gradients_kept)
     for moment, parts in live.items():
         parts.pop("context", None)  # not a tensor: the device's used memory adds it (memory_reserve.py)
@@ -175,7 +195,8 @@ def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: Tra
             parts["weights"] += gathered
             parts["gradients"] = parts.get("gradients", 0) + buckets
     peak_moment = max(live, key=lambda moment: sum(live[moment].values()))
-    memory = _device_memory(config, settings, gpus, shard, live[peak_moment], context, context_source)
+    memory = _device_memory(config, settings, gpus, shard, live[peak_moment], context, context_source,
+                            stranded_bytes(config, settings, temporaries, peak_moment))
     categories["context"] = memory.device_used.bytes - memory.reserved.bytes
     return DeviceEstimate(categories, temporaries, live, estimate.activation_terms, estimate.params,
                           estimate.trainable_params, list(estimate.notes), memory, estimate.reliable)
@@ -271,6 +292,7 @@ class _Planning:
     lengths: tuple[int, ...] | None  # the dataset's example lengths, if planned from a length profile
     context: Span
     context_source: str
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, request: PlanRequest) -> "_Planning":
@@ -278,7 +300,24 @@ class _Planning:
         config = load_config(request.model)
         request = dataclasses.replace(request, loss=resolved_loss(request, config))
         lengths = dataset_lengths(request.dataset, request.samples, request.seed) if request.dataset else None
-        return cls(request, config, training_settings(request, config), lengths, *context_for(request))
+        planning = cls(request, config, training_settings(request, config), lengths, *context_for(request))
+        return planning._kernel_path_checked()
+
+    def _kernel_path_checked(self) -> "_Planning":
+        """attention auto: a model whose forward fails without a 4-D mask (DeepSeek-V3.2's sparse-attention indexer
+        slices one) cannot run the per-example kernels; the engine's pre-flight then trains it with SDPA
+        (attention/capability.py AUTO_ORDER), so the plan does too, and says why."""
+        if self.request.attention != "auto" or self.settings.attention not in PER_SEGMENT_ATTENTION:
+            return self
+        try:
+            per_device_estimate(self.config, step_shape(1, _KERNEL_CHECK_TOKENS, False), self.settings, 1, "none",
+                                self.context, self.context_source)
+        except _PROBE_ERRORS as error:
+            note = (f"attention sdpa: the {self.settings.attention} path cannot run {self.config.model_type} "
+                    f"({type(error).__name__}: {error}), as the engine's pre-flight finds before a run")
+            return dataclasses.replace(self, settings=dataclasses.replace(self.settings, attention="sdpa"),
+                                       notes=(*self.notes, note))
+        return self
 
     def estimate(self, batch_size: int, seq_length: int, packed: bool) -> DeviceEstimate:
         step = step_shape(batch_size, seq_length, packed, self.lengths)
@@ -287,8 +326,11 @@ class _Planning:
                                            self.context, self.context_source)
         except DemoInputError:
             raise
-        except (ValueError, KeyError, TypeError, RuntimeError) as error:  # an architecture the probe cannot run
-            raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models: {error}") from None
+        except _PROBE_ERRORS as error:  # an architecture the probe cannot run
+            other = " (attention sdpa or eager may run it)" if self.settings.attention in PER_SEGMENT_ATTENTION else ""
+            raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models with attention "
+                                 f"{self.settings.attention}: its forward raised {type(error).__name__} "
+                                 f"({error}){other}") from None
         if not estimate.reliable:
             raise DemoInputError(f"cannot estimate memory for {self.config.model_type} models reliably: "
                                  + "; ".join(estimate.notes))
@@ -321,7 +363,7 @@ def plan(request: PlanRequest) -> Plan:
     max_seq = largest_fitting(lambda s: needs(request.batch_size, s) <= budget_bytes, 2, positions)
     scaling = [{"seq_length": s, "padded_bytes": device_used(request.batch_size, s, False),
                 "packed_bytes": device_used(request.batch_size, s, True)} for s in _scaling_lengths(positions)]
-    notes = list(device.notes)
+    notes = [*planning.notes, *device.notes]
     if max_seq == positions:
         notes.append(f"fits up to the model's {positions:,} positions at batch size {request.batch_size}")
     if lengths and request.model not in PRESETS and not is_length_profile(request.dataset):

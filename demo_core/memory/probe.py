@@ -40,6 +40,10 @@ from demo_core.memory.probe_model import (
     ProbeLayers,
     ProbeSpec,
     build_probe_model,
+    chunk_field,
+    fixed_chunk,
+    point_chunk,
+    real_chunk,
     real_width,
     width_names,
     width_points,
@@ -57,6 +61,20 @@ _REPROBE_ROWS_POINTS = (2, 5)
 _REPROBE_SEQ_POINTS = (9, 15, 19)
 _REPROBE_PACKED_POINTS = (19, 31, 41)
 _HELD_OUT = {"rows": (4, 17), "single_row": (1, 21), "packed": (1, 37)}
+# A chunked scan's bytes follow the padded length and the chunk count too (probe_model._CHUNK_FIELDS): token counts
+# over three or more chunk counts at each probe chunk size (4, 6, 8), more of them than the monomials per row, and
+# always two chunks or more: with one, a chunk's slice is the whole tensor, contiguous, and the scan saves it
+# without the copy it saves of every chunk's slice otherwise (so a sequence shorter than one real chunk reads a few
+# copies of a chunk's keys high).
+_CHUNKED_SEQ_POINTS = (17, 19, 23, 29, 31, 37)
+_REPROBE_CHUNKED_SEQ_POINTS = (18, 21, 25, 27, 33, 41)
+_CHUNKED_PACKED_POINTS = (19, 23, 29, 31, 37, 41)
+_REPROBE_CHUNKED_PACKED_POINTS = (21, 25, 27, 33, 43, 47)
+# A chunk size fixed in the scan's code is probed at its real size c: tokens over 2 to 5 chunks, as multiples of c
+# plus these offsets.
+_FIXED_CHUNK_POINTS = ((2, -5), (2, 3), (3, -3), (3, 5), (4, 1), (5, -7))
+_REPROBE_FIXED_CHUNK_POINTS = ((2, -1), (2, 7), (3, 1), (4, -5), (4, 9), (5, 3))
+_FIXED_CHUNK_HELD_OUT = (4, -11)
 # A fit that misses the held-out forward by more than this is not bilinear for the architecture (float sums of
 # exact byte counts agree to ~1e-9; a real misfit is whole tensors).
 _HELD_OUT_TOLERANCE = 1e-6
@@ -84,7 +102,7 @@ class ActivationFit:
     def evaluate(self, config: Any, rows: int, seq_len: int) -> tuple[dict[str, int], dict[str, int]]:
         """(linear part, quadratic part) per target for `rows` x `seq_len` tokens of the real-width model."""
         widths = [real_width(config, name) for name in self.width_names]
-        basis = _basis(_token_monomials(self.spec, rows, seq_len), widths)
+        basis = _basis(_token_monomials(self.spec, rows, seq_len, real_chunk(config)), widths)
         contributions = basis[:, None] * self.coefficients
         linear = contributions[~self.quadratic_columns].sum(axis=0)
         quadratic = contributions[self.quadratic_columns].sum(axis=0)
@@ -121,28 +139,50 @@ class ProbeReference:
 
 # ---- the fit -------------------------------------------------------------------------------------------------------
 
-def _token_monomials(spec: ProbeSpec, rows: int, seq_len: int) -> list[tuple[float, bool]]:
-    """(value, quadratic in tokens) of each token monomial: for a packed row T = seq_len, else B rows of S slots."""
+def _token_monomials(spec: ProbeSpec, rows: int, seq_len: int, chunk: int | None = None
+                     ) -> list[tuple[float, bool]]:
+    """(value, quadratic in tokens) of each token monomial: for a packed row T = seq_len, else B rows of S slots.
+    With a chunked scan of `chunk` tokens also, per row, the padded length S', S' x chunk (the chunk x chunk blocks),
+    the chunk count n and n^2, and chunk^2 (its masks)."""
+    per_row = [(1, False), (seq_len, False), (seq_len ** 2, True)]
+    if chunk:
+        chunks = -(-seq_len // chunk)
+        per_row += [(chunks * chunk, False), (chunks * chunk * chunk, False), (chunks, False), (chunks ** 2, True),
+                    (chunk ** 2, False)]
     if spec.layout == "packed":
-        return [(1, False), (seq_len, False), (seq_len ** 2, True)]
+        return per_row
     row_terms = [(1, False)] if spec.single_row else [(1, False), (rows, False)]
-    return [(r * s, quadratic) for (r, _), (s, quadratic) in
-            itertools.product(row_terms, [(1, False), (seq_len, False), (seq_len ** 2, True)])]
+    return [(r * s, quadratic) for (r, _), (s, quadratic) in itertools.product(row_terms, per_row)]
 
 
 def _basis(monomials: list[tuple[float, bool]], widths: list[int]) -> np.ndarray:
     return np.array([m * w for m, _ in monomials for w in [1, *widths]], dtype=float)
 
 
-def _token_points(spec: ProbeSpec, reprobe: bool = False) -> list[tuple[int, int]]:
+def _token_points(spec: ProbeSpec, config: Any, reprobe: bool = False) -> list[tuple[int, int]]:
+    fixed = None if chunk_field(config) else fixed_chunk(config)
+    if fixed:
+        lengths = tuple(k * fixed + offset for k, offset in
+                        (_REPROBE_FIXED_CHUNK_POINTS if reprobe else _FIXED_CHUNK_POINTS))
+    elif chunk_field(config):
+        lengths = ((_REPROBE_CHUNKED_PACKED_POINTS if reprobe else _CHUNKED_PACKED_POINTS) if spec.layout == "packed"
+                   else _REPROBE_CHUNKED_SEQ_POINTS if reprobe else _CHUNKED_SEQ_POINTS)
+    elif spec.layout == "packed":
+        lengths = _REPROBE_PACKED_POINTS if reprobe else _PACKED_POINTS
+    else:
+        lengths = _REPROBE_SEQ_POINTS if reprobe else _SEQ_POINTS
     if spec.layout == "packed":
-        return [(1, t) for t in (_REPROBE_PACKED_POINTS if reprobe else _PACKED_POINTS)]
+        return [(1, t) for t in lengths]
     rows = (1,) if spec.single_row else (_REPROBE_ROWS_POINTS if reprobe else _ROWS_POINTS)
-    return [(r, s) for r in rows for s in (_REPROBE_SEQ_POINTS if reprobe else _SEQ_POINTS)]
+    return [(r, s) for r in rows for s in lengths]
 
 
-def _held_out_point(spec: ProbeSpec) -> tuple[int, int]:
-    return _HELD_OUT["packed" if spec.layout == "packed" else "single_row" if spec.single_row else "rows"]
+def _held_out_point(spec: ProbeSpec, config: Any) -> tuple[int, int]:
+    rows, seq_len = _HELD_OUT["packed" if spec.layout == "packed" else "single_row" if spec.single_row else "rows"]
+    fixed = None if chunk_field(config) else fixed_chunk(config)
+    if fixed:
+        seq_len = _FIXED_CHUNK_HELD_OUT[0] * fixed + _FIXED_CHUNK_HELD_OUT[1]
+    return rows, seq_len
 
 
 def _targets_of(totals: dict[tuple, int], layers: ProbeLayers) -> dict[str, float]:
@@ -218,11 +258,12 @@ def _fit_over(config: Any, spec: ProbeSpec, reprobe: bool) -> ActivationFit:
     for widths in width_points(config, names):  # the last point bumps every width: the held-out forward's model
         model = build_probe_model(config, widths, spec, layers)
         recorder = SaveRecorder(model, config, len(layers.copies), spec.cuda_autocast)
-        for rows, seq_len in _token_points(spec, reprobe):
+        chunk = point_chunk(config, widths)
+        for rows, seq_len in _token_points(spec, config, reprobe):
             batch = probe_batch(config, spec, rows, seq_len, widths["vocab_size"])
             measured.append(_targets_of(recorder.run(model, batch, autocast), layers))
-            rows_of_basis.append(_basis(_token_monomials(spec, rows, seq_len), [widths[n] for n in names]))
-    rows, seq_len = _held_out_point(spec)
+            rows_of_basis.append(_basis(_token_monomials(spec, rows, seq_len, chunk), [widths[n] for n in names]))
+    rows, seq_len = _held_out_point(spec, config)
     held_out = _targets_of(recorder.run(model, probe_batch(config, spec, rows, seq_len, widths["vocab_size"]), autocast),
                            layers)
     held_out_widths = [widths[n] for n in names]
@@ -233,26 +274,15 @@ def _fit_over(config: Any, spec: ProbeSpec, reprobe: bool) -> ActivationFit:
     scale[scale == 0] = 1.0
     coefficients = np.linalg.lstsq(design / scale, values, rcond=None)[0] / scale[:, None]
     residual = float(np.abs(design @ coefficients - values).max()) if values.size else 0.0
-    monomials = _token_monomials(spec, rows, seq_len)
+    monomials = _token_monomials(spec, rows, seq_len, chunk)
     predicted = _basis(monomials, held_out_widths) @ coefficients
     misfit = max((abs(p - held_out.get(t, 0.0)) for t, p in zip(targets, predicted)), default=0.0)
     reference = ProbeReference(tuple(float(m) for m, _ in monomials), tuple(held_out_widths), held_out)
-    quadratic = np.array([q for _, q in _token_monomials(spec, 2, 2) for _ in range(len(names) + 1)])
+    quadratic = np.array([q for _, q in _token_monomials(spec, 2, 2, chunk) for _ in range(len(names) + 1)])
     kernel_layers = round(sum(layers.weights[layer] for layer in probe_state.kernel_saving_layers
                               if layer is not None))
     return ActivationFit(targets, coefficients, quadratic, names, spec, residual, probe_state.kernel_heads,
                          kernel_layers, misfit, reference)
-
-
-def _scan_chunk_size(config: Any) -> int | None:
-    """The chunk length of a model's Mamba-2 scans (never a reliable fit, see `probed_activations`): Bamba, Falcon-H1
-    and GraniteMoeHybrid call it `mamba_chunk_size`; Zamba2, NemotronH and Mamba2 `chunk_size`, beside their state
-    size (ESM's `chunk_size` is no scan)."""
-    if isinstance(getattr(config, "mamba_chunk_size", None), int):
-        return config.mamba_chunk_size
-    fields = config.to_dict()
-    scans = any(name.startswith("mamba_") or name in ("ssm_state_size", "state_size") for name in fields)
-    return fields["chunk_size"] if scans and isinstance(fields.get("chunk_size"), int) else None
 
 
 @dataclasses.dataclass
@@ -278,7 +308,7 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
     """
     fit = activation_fit(config, spec)
     linear, quadratic = fit.evaluate(config, rows, seq_len)
-    monomials, squared = zip(*_token_monomials(spec, rows, seq_len))
+    monomials, squared = zip(*_token_monomials(spec, rows, seq_len, real_chunk(config)))
     widths = [real_width(config, name) for name in fit.width_names]
     terms: dict[str, int] = {}
     largest_layer = 0
@@ -307,10 +337,6 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
         terms[target] = terms.get(target, 0) + linear[target]
         terms["attention_scores_or_mask"] = terms.get("attention_scores_or_mask", 0) + quadratic[target]
     notes = []
-    chunk = _scan_chunk_size(config)
-    if chunk:
-        notes.append(f"its Mamba-2 layers scan in chunks of {chunk} tokens and pad each sequence to whole chunks: the "
-                     f"saved bytes follow tokens rounded up to a chunk, which the bilinear fit does not extrapolate")
     if not fit.reliable:
         notes.append(f"the probe's saved bytes are not bilinear in tokens and widths for this architecture: the fit "
                      f"missed a forward it never saw by {fit.held_out_misfit_bytes:,.0f} bytes, after a re-probe")
@@ -318,4 +344,4 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
         notes.append("fitted terms outside their physical range: " + "; ".join(out_of_bounds))
     return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads,
                              fit.kernel_layers, notes,
-                             reliable=fit.reliable and not out_of_bounds and not chunk)
+                             reliable=fit.reliable and not out_of_bounds)

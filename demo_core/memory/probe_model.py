@@ -6,14 +6,17 @@ what autograd saves (`ProbeSpec`: layout, precision, attention, checkpointing, L
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import inspect
+import sys
 from typing import Any
 
 import torch
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
-from demo_core.memory.heads import head_dim, model_class_for
+from demo_core.memory.heads import decoder_layers, head_dim, model_class_for
+from demo_core.memory.parameters import layer_structure, param_facts
 from demo_core.models.lora import apply_lora
 from demo_core.precision import PRECISIONS
 
@@ -25,14 +28,6 @@ _WIDTH_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_in
 
 # Fields named like widths that are not (a sliding window equal to the hidden size stays a window).
 _NOT_WIDTHS = ("hidden_size", "vocab_size", "sliding_window", "max_position_embeddings", "max_window_layers")
-# Widths a config derives from its hidden size when it is built, only where the real config has them so derived:
-# they follow the probe's hidden size (a Mamba-2 layer needs heads x head width = its inner width, expand x hidden;
-# Zamba2's shared attention reads the hidden state beside the embeddings, twice the hidden size).
-_DERIVED_WIDTHS = {
-    "mamba_d_head": lambda c: (getattr(c, "mamba_d_ssm", None) or c.mamba_expand * c.hidden_size) // c.mamba_n_heads,
-    "mamba_headdim": lambda c: c.mamba_expand * c.hidden_size // c.n_mamba_heads,
-    "attention_hidden_size": lambda c: 2 * c.hidden_size,
-}
 
 
 _VOCAB_POINTS = (64, 96)  # probe vocabulary sizes: base and bumped
@@ -42,6 +37,25 @@ _WIDTH_POINTS = (24, 40)  # multiples of 8: a bf16 row of them is 16-byte aligne
 
 
 _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (explicit head_dim)
+
+
+# Head counts of linear-attention layers (gated delta nets: Qwen3-Next, Qwen3.5, Olmo-Hybrid), shrunk like widths:
+# every tensor such a layer saves holds one head axis, so its bytes are linear in the count; the value heads follow
+# the key heads at the real model's ratio (each key head serves that many value heads). Real counts (16 and 32 in
+# Qwen3-Next) with real head widths (128) make a probe forward of its chunked scan cost hundreds of MB.
+_HEAD_COUNT_WIDTHS = {"linear_num_key_heads": ("linear_num_value_heads",)}
+_HEAD_COUNT_POINTS = (1, 2)
+
+
+# Chunked scans (Mamba-2's SSD in Bamba, Falcon-H1, GraniteMoeHybrid, Zamba2, NemotronH; the gated delta rule) pad each
+# sequence to whole chunks and keep per-chunk tensors: their bytes follow the padded length S' = ceil(S / c) * c, the
+# chunk count n = S' / c (the states at chunk boundaries; n^2 for the decay between chunks) and S' * c (the c x c
+# blocks inside each chunk), beside the unpadded S of everything around the scan. A chunk size the config sets is
+# varied over three small sizes (masks of c x c need three to be told apart from c and 1); one fixed in the scan
+# function's signature (transformers' `torch_chunk_gated_delta_rule`, chunk_size=64) is probed at its real size,
+# over token counts that cross chunk boundaries.
+_CHUNK_FIELDS = ("mamba_chunk_size", "chunk_size")
+_CHUNK_POINTS = (4, 8, 6)  # base, bumped, third
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,14 +95,126 @@ def _probe_head_dims(config: Any) -> tuple[int, int]:
     raise ValueError(f"no small head_dim gives a whole rotary width for partial rotary factor {fraction}")
 
 
+def _rebuilt(config: Any, values: dict[str, Any]) -> Any:
+    return type(config).from_dict(values)
+
+
+def _values(config: Any) -> dict[str, Any]:
+    """The config's fields as its class takes them (to_dict writes an infinite float as a JSON-safe dict)."""
+    return {name: getattr(config, name, value) for name, value in config.to_dict().items()}
+
+
+# Per model config, a set of a few field names (or one flag): working them out builds the config class again once per
+# integer field (~0.1 s for a big config), and the probe asks for each probe point. 64 configs, as param_facts keeps.
+_DERIVED: LRU = LRU(max_entries=64)
+_HEAD_DIM_IS_A_WIDTH: LRU = LRU(max_entries=64)
+
+
+def _key(config: Any) -> tuple[str, str]:
+    return type(config).__name__, config.to_json_string(use_diff=False)
+
+
+def derived_fields(config: Any) -> frozenset[str]:
+    """Integer fields the config class derives when it is built (a None or "auto" default, or set in its
+    __post_init__), whose real values it reproduces from the other fields: left out of the probe's config, they are
+    derived again from the probe's small values (a Mamba-2 head width from the hidden size, Zamba2's attention
+    widths, DeepSeek's query head width from its rotary and non-rotary parts), so the small model is consistent."""
+    if not dataclasses.is_dataclass(config):
+        return frozenset()
+    key = _key(config)
+    known = _DERIVED.get(key)
+    if known is not None:
+        return known
+    values = _values(config)
+    defaults = {field.name: field.default for field in dataclasses.fields(config)}
+    derived = set()
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if name in defaults and defaults[name] not in (None, "auto"):
+            continue
+        try:
+            again = _rebuilt(config, {k: v for k, v in values.items() if k != name})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if getattr(again, name, None) == value:
+            derived.add(name)
+    known = _DERIVED[key] = frozenset(derived)
+    return known
+
+
+def _head_dim_is_a_width(config: Any) -> bool:
+    """head_dim is shrunk unless the config derives it from another field of its own (DeepSeek's MLA: head_dim is
+    the rotary part of the query heads, qk_rope_head_dim, beside kv_lora_rank, q_lora_rank and the non-rotary part,
+    which all keep their real values): shrunk alone it would disagree with that field."""
+    key = _key(config)
+    known = _HEAD_DIM_IS_A_WIDTH.get(key)
+    if known is None:
+        known = _HEAD_DIM_IS_A_WIDTH[key] = "head_dim" not in derived_fields(config) or not _aliases(config)
+    return known
+
+
+def _aliases(config: Any) -> list[str]:
+    """Other integer fields head_dim is derived from: changed, they change it (and the hidden size does not)."""
+    values = _values(config)
+    real = head_dim(config)
+    found = []
+    for name, value in values.items():
+        if name == "head_dim" or value != real or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        changed = {k: v for k, v in values.items() if k != "head_dim"}
+        changed[name] = value * 2
+        try:
+            if getattr(_rebuilt(config, changed), "head_dim", None) == value * 2:
+                found.append(name)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return found
+
+
 def hidden_is_tied(config: Any) -> bool:
-    return config.hidden_size == config.num_attention_heads * head_dim(config)
+    return _head_dim_is_a_width(config) and config.hidden_size == config.num_attention_heads * head_dim(config)
 
 
 def width_names(config: Any) -> tuple[str, ...]:
-    names = ["head_dim"] + ([] if hidden_is_tied(config) else ["hidden_size"])
-    names += [f for f in _WIDTH_FIELDS if isinstance(getattr(config, f, None), int)]
+    names = ["head_dim"] if _head_dim_is_a_width(config) else []
+    names += [] if hidden_is_tied(config) else ["hidden_size"]
+    names += [f for f in (*_WIDTH_FIELDS, *_HEAD_COUNT_WIDTHS) if isinstance(getattr(config, f, None), int)]
     return tuple(names + ["vocab_size"])
+
+
+def chunk_field(config: Any) -> str | None:
+    """The config field that sets a chunked scan's chunk size, if the config has one."""
+    return next((name for name in _CHUNK_FIELDS if isinstance(getattr(config, name, None), int)
+                 and not isinstance(getattr(config, name), bool)), None)
+
+
+def fixed_chunk(config: Any) -> int | None:
+    """A chunk size fixed in the signature of a scan function of the model's own module (no config field sets it)."""
+    try:
+        module = sys.modules.get(model_class_for(config)._model_mapping[type(config)].__module__)
+    except KeyError:  # no model class of this head for the config (the build reports it)
+        return None
+    sizes = []
+    for value in vars(module).values() if module else ():
+        target = getattr(value, "__wrapped__", value)
+        if not inspect.isfunction(target):
+            continue
+        parameter = inspect.signature(target).parameters.get("chunk_size")
+        if parameter is not None and isinstance(parameter.default, int) and not isinstance(parameter.default, bool):
+            sizes.append(parameter.default)
+    return min(sizes) if sizes else None
+
+
+def real_chunk(config: Any) -> int | None:
+    field = chunk_field(config)
+    return int(getattr(config, field)) if field else fixed_chunk(config)
+
+
+def point_chunk(config: Any, widths: dict[str, int]) -> int | None:
+    """The chunk size the probe model of `widths` scans with (None: no chunked scan)."""
+    field = chunk_field(config)
+    return widths[field] if field else fixed_chunk(config)
 
 
 def real_width(config: Any, name: str) -> int:
@@ -96,88 +222,151 @@ def real_width(config: Any, name: str) -> int:
 
 
 def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
-    """Base point, one point per width bumped alone, and every width bumped (a check the fit must also meet)."""
+    """Base point, one point per width bumped alone, and every width bumped (a check the fit must also meet); with a
+    chunk size the config sets, each of them at three chunk sizes (it is no width: it enters the token counts, and
+    how a width's bytes follow the chunk is only seen where both vary)."""
     low_d, high_d = _probe_head_dims(config)
     choices = {"head_dim": (low_d, high_d), "hidden_size": _HIDDEN_POINTS, "vocab_size": _VOCAB_POINTS}
+    choices.update({name: _HEAD_COUNT_POINTS for name in _HEAD_COUNT_WIDTHS})
     choices.update({name: _WIDTH_POINTS for name in names if name not in choices})
     base = {name: choices[name][0] for name in names}
     points = [base] + [{**base, name: choices[name][1]} for name in names]
-    return points + [{name: choices[name][1] for name in names}]
+    points.append({name: choices[name][1] for name in names})
+    field = chunk_field(config)
+    if field:  # the last point stays every width bumped, at the second chunk size
+        sizes = (_CHUNK_POINTS[0], _CHUNK_POINTS[2], _CHUNK_POINTS[1])
+        points = [{**point, field: size} for point in points for size in sizes]
+    return points
+
+
+def _per_layer_lists(config: Any) -> tuple[str, ...]:
+    """Config lists with one entry per decoder layer. In a model of one or two layers a list that long is per layer
+    only when its name says so (layer_types), not a config's other short lists (architectures, Mamba's
+    time_step_limit, Falcon-H1's mlp_multipliers)."""
+    layers = int(config.num_hidden_layers)
+    return tuple(name for name, value in config.to_dict().items()
+                 if isinstance(value, (list, tuple)) and len(value) == layers and (layers > 2 or "layer" in name))
+
+
+def _index_lists(config: Any, lists: tuple[str, ...]) -> tuple[str, ...]:
+    """Config lists of layer indices (Bamba's attn_layer_indices, LFM2's full_attn_idxs, Zamba2's hybrid_layer_ids):
+    which layers are of a kind, by number."""
+    layers = int(config.num_hidden_layers)
+    return tuple(name for name, value in config.to_dict().items()
+                 if name not in lists and isinstance(value, list) and value
+                 and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in value)
+                 and list(value) == sorted(set(value)) and any(word in name for word in ("layer", "idx", "ids")))
 
 
 @dataclasses.dataclass(frozen=True)
 class ProbeLayers:
     """Which real layers the probe model's layers copy, and how many real layers each stands for.
 
-    Two probe layers per kind of layer (layer_types, no_rope_layers, ...: `lists`), so that what several layers share
-    (rotary tables, masks) shows up as shared. Under LoRA the model's first layer differs from the rest: its input
-    needs no gradient (the embeddings are frozen), so autograd saves nothing there until the first adapter, not even
-    the shared tables. The first kind then gets three probe layers: the first layer, counted once, and two more that
-    stand for the other layers of that kind and still show what they share.
+    A layer's kind is what it is built of (its parts' classes, from the real model built on the meta device: an
+    attention layer, a Mamba mixer, a mixture of experts or a dense MLP) and its entries in the config's per-layer
+    lists (layer_types, no_rope_layers, ...: a sliding-window layer is built like a full one). Two probe layers per
+    kind, so that what several layers share (rotary tables, masks) shows up as shared. Under LoRA the model's first
+    layer differs from the rest: its input needs no gradient (the embeddings are frozen), so autograd saves nothing
+    there until the first adapter, not even the shared tables. The first kind then gets three probe layers: the first
+    layer, counted once, and two more that stand for the other layers of that kind and still show what they share.
+
+    The probe config copies the chosen layers' list entries and renumbers the index lists; where that does not build
+    the chosen kinds (a config that places its layers by a rule: Jamba's periods, DeepSeek's first dense layers), the
+    probe keeps the real model's first layers, as many as hold two of every kind (`prefix`).
     """
 
     lists: tuple[str, ...]  # per-layer config lists
-    copies: tuple[int, ...]  # per probe layer: the real layer whose list entries it takes
+    index_lists: tuple[str, ...]  # lists of layer numbers, renumbered for the copies
+    copies: tuple[int, ...]  # per probe layer: the real layer it copies
     weights: tuple[float, ...]  # per probe layer: how many real layers it stands for
     kinds: tuple[int, ...]  # per probe layer: its kind
+    prefix: bool = False  # the copies are the real model's first layers, index fields as they are
 
     @classmethod
     def of(cls, config: Any, lora: bool) -> "ProbeLayers":
         layers = int(config.num_hidden_layers)
-        lists = tuple(name for name, value in config.to_dict().items()
-                      if isinstance(value, (list, tuple)) and len(value) == layers and layers > 1)
-        signatures = [tuple(str(getattr(config, name)[i]) for name in lists) for i in range(layers)]
+        lists = _per_layer_lists(config)
+        structures = param_facts(config).layer_structures
+        signatures = [(structures[i], tuple(str(getattr(config, name)[i]) for name in lists)) for i in range(layers)]
+        kind_of = {signature: kind for kind, signature in enumerate(dict.fromkeys(signatures))}
         copies, weights, kinds = [], [], []
-        for kind, signature in enumerate(dict.fromkeys(signatures)):
+        for signature, kind in kind_of.items():
             count = signatures.count(signature)
-            if kind == 0 and lora:
-                share = [1.0, (count - 1) / 2, (count - 1) / 2]
-            else:
-                share = [count / 2, count / 2]
+            share = [1.0, (count - 1) / 2, (count - 1) / 2] if kind == 0 and lora else [count / 2, count / 2]
             copies += [signatures.index(signature)] * len(share)
             weights += share
             kinds += [kind] * len(share)
-        return cls(lists, tuple(copies), tuple(weights), tuple(kinds))
+        chosen = cls(lists, _index_lists(config, lists), tuple(copies), tuple(weights), tuple(kinds))
+        if chosen._builds(config, structures):
+            return chosen
+        return cls._first_layers(signatures, kind_of, lora, lists)
+
+    @classmethod
+    def _first_layers(cls, signatures: list, kind_of: dict, lora: bool, lists: tuple[str, ...]) -> "ProbeLayers":
+        """The real model's first layers, as many as hold two layers of every kind (three of the first under LoRA),
+        or all of a kind when it has fewer; each stands for its share of its kind's real layers."""
+        need = {kind: min(3 if kind == 0 and lora else 2, signatures.count(signature))
+                for signature, kind in kind_of.items()}
+        kinds: list[int] = []
+        while any(kinds.count(kind) < wanted for kind, wanted in need.items()):
+            kinds.append(kind_of[signatures[len(kinds)]])
+        weights = []
+        for position, kind in enumerate(kinds):
+            count = sum(1 for s in signatures if kind_of[s] == kind)
+            probes = kinds.count(kind)
+            if kind == 0 and lora and probes > 1:  # the first layer once, the others of its kind shared
+                weights.append(1.0 if position == 0 else (count - 1) / (probes - 1))
+            else:
+                weights.append(count / probes)
+        return cls(lists, (), tuple(range(len(kinds))), tuple(weights), tuple(kinds), prefix=True)
+
+    def _builds(self, config: Any, structures: tuple) -> bool:
+        """Whether the probe config of these copies builds each copied layer's kind (on the meta device)."""
+        small = probe_config(config, width_points(config, width_names(config))[0], self)
+        with exclusive(), torch.device("meta"):
+            model = model_class_for(small).from_config(small)
+        built = [layer_structure(layer) for layer in decoder_layers(model, len(self.copies))]
+        return built == [structures[i] for i in self.copies]
 
 
-def _probe_config(config: Any, widths: dict[str, int], layers: ProbeLayers) -> Any:
-    small = copy.deepcopy(config)
+def probe_config(config: Any, widths: dict[str, int], layers: ProbeLayers) -> Any:
+    """The small config: the probe point's widths, the chosen layers, and every field the class derives from them
+    derived again; everything else as the real config has it."""
+    values = _values(config)
+    given: dict[str, Any] = {"num_hidden_layers": len(layers.copies)}
     for name in layers.lists:
-        values = getattr(config, name)
-        setattr(small, name, [values[i] for i in layers.copies])
-    small.num_hidden_layers = len(layers.copies)
+        given[name] = [values[name][i] for i in layers.copies]
+    for name in layers.index_lists:
+        given[name] = [position for position, i in enumerate(layers.copies) if i in values[name]]
     if hidden_is_tied(config):
-        small.hidden_size = config.num_attention_heads * widths["head_dim"]
-    if "head_dim" in config.to_dict():  # a stored field (some configs compute it in a read-only property)
-        small.head_dim = widths["head_dim"]
+        given["hidden_size"] = config.num_attention_heads * widths["head_dim"]
     for name, value in widths.items():
-        if name != "head_dim":
-            setattr(small, name, value)
-    # A config's __init__ may have resolved a width to the hidden size (OPT's word_embed_proj_dim): shrunk alone, the
-    # hidden size would make the two differ and add layers (OPT's project_in/out) the real model does not have.
-    for name, value in config.to_dict().items():
-        if (name.endswith(("_dim", "_size")) and name not in widths and name not in _NOT_WIDTHS
+        if name in _HEAD_COUNT_WIDTHS:
+            for follower in _HEAD_COUNT_WIDTHS[name]:
+                if isinstance(values.get(follower), int):
+                    given[follower] = value * values[follower] // values[name]
+        if name != "head_dim" or "head_dim" in values:  # a stored field (some configs compute it in a property)
+            given[name] = value
+    # A width the config resolved to the hidden size (OPT's word_embed_proj_dim) follows the probe's hidden size:
+    # left alone, the two would differ and add layers (OPT's project_in/out) the real model does not have.
+    for name, value in values.items():
+        if (name.endswith(("_dim", "_size")) and name not in given and name not in _NOT_WIDTHS
                 and value == config.hidden_size):
-            setattr(small, name, small.hidden_size)
-    for name, derive in _DERIVED_WIDTHS.items():
-        if isinstance(getattr(config, name, None), int) and getattr(config, name) == derive(config):
-            setattr(small, name, derive(small))
-    if "layers_block_type" in layers.lists and isinstance(getattr(config, "hybrid_layer_ids", None), list):
-        # Zamba2 derives where its shared attention blocks sit from the layer kinds: follow the probe's layers
-        small.hybrid_layer_ids = [i for i, kind in enumerate(small.layers_block_type) if kind == "hybrid"]
+            given[name] = given.get("hidden_size", config.hidden_size)
     # Special token ids of a real vocabulary would point outside the small one (padding_idx, ...).
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id"):
-        if isinstance(getattr(small, name, None), int):
-            setattr(small, name, 0)
-        elif isinstance(getattr(small, name, None), list):
-            setattr(small, name, [0])
-    small.use_cache = False
-    return small
+        if isinstance(values.get(name), int):
+            given[name] = 0
+        elif isinstance(values.get(name), list):
+            given[name] = [0]
+    given["use_cache"] = False
+    dropped = derived_fields(config) - set(given)
+    return _rebuilt(config, {**{k: v for k, v in values.items() if k not in dropped}, **given})
 
 
 def build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec,
                        layers: ProbeLayers) -> torch.nn.Module:
-    small = _probe_config(config, widths, layers)
+    small = probe_config(config, widths, layers)
     # a half base (LoRA over weights loaded in bf16/fp16) stores 2 bytes a weight like pure bf16
     dtype = torch.bfloat16 if spec.half_weights else PRECISIONS[spec.precision].weight_dtype
     with exclusive(seed=0):  # the same weights at every call, and no one else's random stream or dtype moved

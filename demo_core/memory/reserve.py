@@ -14,7 +14,9 @@ memory runs out of what the process holds, which is more:
                    - blocks of different segments never merge, so memory freed in one phase of a step (the
                      activations, in backward) serves the next phase's requests only where they fit.
                  reserved = live tensors at the peak + the segments' rounding of the tensors a step keeps
-                 (weights, gradients, optimizer states: their sizes are exact) + cuBLAS / cuBLASLt workspaces
+                 (weights, gradients, optimizer states: their sizes are exact) + segments freed earlier in the step
+                 that the peak's requests are too large to reuse (stranded: with gradient checkpointing, the last
+                 layer's forward buffers, when the full logits' blocks come after them) + cuBLAS / cuBLASLt workspaces
                  (allocated through the same allocator, no tensor of the model) + the cache's slack: freed blocks
                  later requests could not use and the rounding of what a step allocates and frees, as published
                  runs measured it (PUBLISHED_RESERVE_GAPS, GMLAKE_AVERAGE_FRAGMENTATION, PUBLISHED_SHARDED_SLACK).
@@ -218,17 +220,20 @@ class DeviceMemory:
 
 
 def device_memory(allocated_bytes: int, blocks: list[tuple[int, int]], transient_bytes: int, sharded_streams: bool,
-                  gpus: int, context: Span, context_source: str) -> DeviceMemory:
+                  gpus: int, context: Span, context_source: str, stranded_bytes: int = 0) -> DeviceMemory:
     """Reserved and device-used memory around `allocated_bytes` (the live peak), whose live blocks are `blocks`
-    ((bytes, count)) and of which `transient_bytes` are allocated and freed within each step."""
+    ((bytes, count)) and of which `transient_bytes` are allocated and freed within each step. `stranded_bytes`:
+    segments freed earlier in the step that the peak's own requests are too large to reuse (they stay reserved
+    beside the new segments those requests need)."""
     rounding = block_rounding_bytes(blocks)
     slack = cache_slack(transient_bytes, sharded_streams)
-    fixed = allocated_bytes + rounding + LIBRARY_WORKSPACE_BYTES
+    fixed = allocated_bytes + rounding + LIBRARY_WORKSPACE_BYTES + stranded_bytes
     reserved = Span(fixed + slack.bytes, fixed + slack.low, fixed + slack.high)
     nccl = nccl_span(gpus)
     device_used = Span(reserved.bytes + context.bytes + nccl.bytes, reserved.low + context.low + nccl.low,
                        reserved.high + context.high + nccl.high)
     return DeviceMemory(
         allocated_bytes, reserved, device_used,
-        {"block_rounding": rounding, "library_workspaces": LIBRARY_WORKSPACE_BYTES, "cache_slack": slack.bytes},
+        {"block_rounding": rounding, "library_workspaces": LIBRARY_WORKSPACE_BYTES, "cache_slack": slack.bytes,
+         "stranded_segments": stranded_bytes},
         {"reserved": reserved.bytes, "cuda_context": context.bytes, "nccl": nccl.bytes}, context_source)

@@ -1,6 +1,6 @@
 """Where a training step's time goes: one step of a burst profiled with `torch.profiler`, split two ways.
 
-By **phase** (a partition of the step's wall time, marked at its boundaries):
+By **phase** (a partition of the step, marked at its boundaries):
   data       the end of the previous step to `on_step_begin`: the Trainer fetches the batch (collate, host->device)
   forward    the model's forward, loss included (a forward pre-hook to the forward hook)
   backward   the autograd pass (the loss's first backward node to the engine's end-of-backward callback)
@@ -20,6 +20,19 @@ anatomy" (tensor contractions, statistical normalizations, element-wise operator
   other          operators of no class above (embedding gathers, views, reshapes) and the time no operator covers
 A backward node counts in the class of the forward operator that created it (matched by the autograd sequence number),
 so an RMS norm's backward is normalization, although it runs multiplies and sums.
+
+Phases on a CPU are the process's **CPU time** between the marks (`time.process_time`, every thread of the process:
+the intra-op workers too), not wall time: on a machine whose cores other processes keep busy, the scheduler takes
+the process off a core for whole time slices, and a wall-clock phase absorbs whatever was taken in it (measured: with
+both cores of a 2-core machine busy, wall-clock backward read faster than forward, 0.078 s against 0.107 s). CPU
+time counts only what the process ran, so other processes cannot move time from one phase to another (with more
+than one intra-op thread it also counts what idle OpenMP workers spin between operators; a CPU burst trains with one
+unless `threads` says otherwise). `phases` is
+that CPU time in shares of the step, in seconds of the step's wall time (so phases still add up to `step_s`);
+`phases_wall` the wall-clock phases as the marks measured them, and `phases_cpu_s` the CPU seconds themselves. On
+CUDA each mark synchronises the device and the phases are wall time, the device's time (CPU time there measures the
+host waiting), so `phases` equals `phases_wall`. Operation classes are the profiler's per-operator times, wall
+time on the CPU side: under contention they move more than the phases.
 
 Profiled steps (`profiled_steps`): step 2, the first after the warm-up step, so every burst that trains past the
 warm-up has an anatomy, then every `PROFILE_EVERY`-th step, up to `MAX_PROFILED_STEPS`, as long as at least
@@ -67,11 +80,13 @@ SPREAD_DOUBT = 0.05
 PLAUSIBLE_BACKWARD_OVER_FORWARD = (0.75, 4.0)
 
 
-def backward_over_forward(anatomy: dict) -> float | None:
+def backward_over_forward(anatomy: dict, part: str = "phases") -> float | None:
     """A `time_anatomy`'s backward time over its forward time (transformers' "model training anatomy" puts it at
-    about 2)."""
-    forward = anatomy["phases"]["forward"]
-    return anatomy["phases"]["backward"] / forward if forward else None
+    about 2); `part` "phases_wall" for the wall-clock ratio."""
+    phases = anatomy.get(part)
+    if not phases or not phases["forward"]:
+        return None
+    return phases["backward"] / phases["forward"]
 
 
 def _shares(anatomy: dict, part: str) -> dict[str, float]:
@@ -118,8 +133,12 @@ def robust_anatomy(anatomies: list[dict]) -> dict:
     `profiled_steps` (how many), `share_spread` and `doubts`."""
     step_s = statistics.median(a["step_s"] for a in anatomies)
     centre = {"step_s": step_s}
-    for part in ("phases", "ops"):
-        centre[part] = {name: share * step_s for name, share in _median_shares(anatomies, part).items()}
+    for part in ("phases", "phases_wall", "ops"):
+        if all(part in a for a in anatomies):  # saved runs before the CPU-time phases have none
+            centre[part] = {name: share * step_s for name, share in _median_shares(anatomies, part).items()}
+    if all("phases_cpu_s" in a for a in anatomies):
+        centre["phases_cpu_s"] = {name: statistics.median(a["phases_cpu_s"][name] for a in anatomies)
+                                  for name in anatomies[0]["phases_cpu_s"]}
     spread = share_spread(anatomies)
     return {**centre, "profiled_steps": len(anatomies), "share_spread": spread,
             "doubts": anatomy_doubts(centre, len(anatomies), spread)}
@@ -248,6 +267,7 @@ class StepProfiler:
         self._ranges: _ModuleRanges | None = None
         self._hooks: list = []
         self._started_s = 0.0
+        self._cpu_marks: dict[str, float] = {}  # the process's CPU time at each mark (CPU runs)
         self._backward_started = False
         self.opener, self.closer = _Opener(self), _Closer(self)
 
@@ -262,6 +282,8 @@ class StepProfiler:
     def mark(self, name: str) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
+        else:
+            self._cpu_marks[name] = time.process_time()
         with record_function(MARK + name):
             pass
 
@@ -286,6 +308,7 @@ class StepProfiler:
     def open(self) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
         self._profiler = profile(activities=activities)
+        self._cpu_marks = {}
         self._profiler.start()
         self._started_s = time.perf_counter()
         self.mark("open")
@@ -304,7 +327,8 @@ class StepProfiler:
         if missing:  # a model or trainer whose step this module cannot delimit: no anatomy, the run goes on
             logger.warning("time anatomy skipped: profiled step %d had no %s mark", step, ", ".join(sorted(missing)))
             return
-        self.step_anatomies.append(anatomy_of_events(events, step_s, self.device == "cuda"))
+        cpu_marks = None if self.device == "cuda" else dict(self._cpu_marks)
+        self.step_anatomies.append(anatomy_of_events(events, step_s, self.device == "cuda", cpu_marks))
         self.profiled.append(step)
 
     def _remove_hooks(self) -> None:
@@ -407,8 +431,17 @@ def classify_events(events: list, phase_of: Callable[[float], str], on_device: b
     return classified
 
 
-def anatomy_of_events(events: list, step_s: float, on_device: bool) -> dict:
-    """The `time_anatomy` document of one profiled step from its profiler events (CPU-side `FunctionEvent`s).
+def _phase_seconds(marks: dict[str, float], per_second: float) -> dict[str, float]:
+    """Seconds per phase from marks in any clock (`per_second` of its units a second); `other` is the rest of the
+    window."""
+    spans = {phase: high - low for phase, (low, high) in _phase_windows(marks).items()}
+    spans["other"] = marks["close"] - marks["open"] - sum(spans.values())
+    return {phase: spans[phase] / per_second for phase in PHASES}
+
+
+def anatomy_of_events(events: list, step_s: float, on_device: bool, cpu_marks: dict[str, float] | None = None) -> dict:
+    """The `time_anatomy` document of one profiled step from its profiler events (CPU-side `FunctionEvent`s) and, on
+    a CPU, the process's CPU time at each mark (`cpu_marks`, seconds; see the module docstring).
 
     The time no operator covers (Python between operators, an idle device) counts as `other` operations, so `ops`
     adds up to `step_s` too.
@@ -419,10 +452,16 @@ def anatomy_of_events(events: list, step_s: float, on_device: bool) -> dict:
     def phase_of(start_us: float) -> str:
         return next((phase for phase, (low, high) in windows.items() if low <= start_us < high), "other")
 
-    phases_us = {phase: high - low for phase, (low, high) in windows.items()}
-    phases_us["other"] = marks["close"] - marks["open"] - sum(phases_us.values())
+    wall = _phase_seconds(marks, 1e6)
     ops_s = dict.fromkeys(OP_CLASSES, 0.0)
     for _, op_class, seconds in classify_events(events, phase_of, on_device):
         ops_s[op_class] += seconds
     ops_s["other"] += max(0.0, step_s - sum(ops_s.values()))
-    return {"step_s": step_s, "phases": {phase: phases_us[phase] / 1e6 for phase in PHASES}, "ops": ops_s}
+    anatomy = {"step_s": step_s, "phases": wall, "phases_wall": dict(wall), "ops": ops_s}
+    if cpu_marks is not None and set(MARKS) <= set(cpu_marks):
+        cpu = _phase_seconds(cpu_marks, 1.0)
+        total = sum(cpu.values())
+        if total > 0:  # the CPU time's shares, in seconds of the step's wall time
+            anatomy["phases"] = {phase: seconds / total * sum(wall.values()) for phase, seconds in cpu.items()}
+            anatomy["phases_cpu_s"] = cpu
+    return anatomy
