@@ -31,8 +31,8 @@ def test_release_caches_empties_every_engine_cache():
     activation_probe._FIT_CACHE["a fit"] = "its numbers"
     probe_model.derived_fields(family_config("llama"))
     assert probe_model._DERIVED
-    assert parameters._PARAM_FACTS_CACHE and preflight._passed and planner.dataset_lengths.cache_info().currsize
+    assert parameters._PARAM_FACTS_CACHE and preflight._passed and planner._tokenized_lengths.cache_info().currsize
     demo_core.release_caches()
     assert not parameters._PARAM_FACTS_CACHE and not preflight._passed and not activation_probe._FIT_CACHE
     assert not probe_model._DERIVED
-    assert planner.dataset_lengths.cache_info().currsize == 0
+    assert planner._tokenized_lengths.cache_info().currsize == 0

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.probe_model import ProbeLayers, ProbeSpec, build_probe_model, width_names, width_points
 from demo_core.memory.probe_recorder import probe_batch
@@ -42,9 +43,11 @@ def counted_ops(work: Callable[[], object]) -> int:
 
 
 def _every_layer(config: Any, lora: bool) -> ProbeLayers:
-    """The probe copy's layers, one per real layer (the probe keeps two per kind)."""
+    """The probe copy's layers, one per real layer (the probe keeps two per kind): the real model's layers as they
+    are (`prefix`), each counted once; the kinds only matter to the probe's fit, which a count does not make."""
     layers = int(config.num_hidden_layers)
-    return ProbeLayers(ProbeLayers.of(config, lora).lists, tuple(range(layers)), (1.0,) * layers, (0,) * layers)
+    return ProbeLayers(ProbeLayers.of(config, lora).lists, (), tuple(range(layers)), (1.0,) * layers, (0,) * layers,
+                       prefix=True)
 
 
 def _count(config: Any, checkpointing: bool, lora_rank: int, lora_targets: tuple[str, ...]) -> int | None:
@@ -68,9 +71,10 @@ def ops_per_micro_batch(config: Any, checkpointing: bool, lora_rank: int = 0,
     None when the model's tiny copy cannot run on this CPU."""
     key = (type(config).__name__, config.to_json_string(use_diff=False), bool(checkpointing), int(lora_rank),
            tuple(lora_targets))
-    if key not in _COUNTS:
-        _COUNTS[key] = _count(config, *key[2:])
-    return _COUNTS[key]
+    if key not in _COUNTS:  # None (a model whose tiny copy cannot run here) is cached too
+        _COUNTS[key] = count = _count(config, *key[2:])
+        return count
+    return _COUNTS.get(key)
 
 
-_COUNTS: dict[tuple, int | None] = {}
+_COUNTS: LRU = LRU(max_entries=64)
