@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import threading
 import time
 
 import pytest
@@ -242,6 +243,26 @@ def test_phases_count_the_time_the_process_ran_not_the_time_it_waited(one_thread
     assert stalled["phases_cpu_s"]["forward"] < 0.1
     assert backward_over_forward(stalled) == pytest.approx(backward_over_forward(steady), rel=0.5)
     assert backward_over_forward(stalled) > 3 * backward_over_forward(stalled, "phases_wall")
+
+
+def test_another_thread_of_the_process_counts_in_no_phase(one_thread):
+    """A server's other threads (a planner warming up, another request) run while a step waits: with one intra-op
+    thread the phases are the training thread's CPU time, so what they run lands in no phase. (The process's CPU
+    time read 0.4 s of a spinning thread into the stalled forward.)"""
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        stalled = _profiled_toy_step(0.4)
+    finally:
+        stop.set()
+        spinner.join()
+    assert stalled["phases_cpu_s"]["forward"] < 0.1
 
 
 def _spin() -> None:

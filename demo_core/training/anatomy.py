@@ -21,8 +21,10 @@ anatomy" (tensor contractions, statistical normalizations, element-wise operator
 A backward node counts in the class of the forward operator that created it (matched by the autograd sequence number),
 so an RMS norm's backward is normalization, although it runs multiplies and sums.
 
-Phases on a CPU are the process's **CPU time** between the marks (`time.process_time`, every thread of the process:
-the intra-op workers too), not wall time: on a machine whose cores other processes keep busy, the scheduler takes
+Phases on a CPU are **CPU time** between the marks (`_cpu_seconds`: with one intra-op thread, the default of a CPU
+burst, the training thread's own, where the forward, the backward and the optimizer all run on a CPU, so a server's
+other threads, a planner warming up, count nowhere; with more, the whole process's, the intra-op workers included),
+not wall time: on a machine whose cores other processes keep busy, the scheduler takes
 the process off a core for whole time slices, and a wall-clock phase absorbs whatever was taken in it (measured: with
 both cores of a 2-core machine busy, wall-clock backward read faster than forward, 0.078 s against 0.107 s). CPU
 time counts only what the process ran, so other processes cannot move time from one phase to another (with more
@@ -249,6 +251,12 @@ class _ModuleRanges:
             handle.remove()
 
 
+def _cpu_seconds() -> float:
+    """CPU time of the threads that compute the step: the calling thread's alone when torch computes there only (one
+    intra-op thread), else the process's (other threads of the process then count too: documented above)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
+
+
 class StepProfiler:
     """Profiles the steps `steps_to_profile` (1-based) of a burst and keeps each one's anatomy in `step_anatomies`
     (in step order); `anatomy` is their centre (`robust_anatomy`), None until a step was profiled.
@@ -267,7 +275,7 @@ class StepProfiler:
         self._ranges: _ModuleRanges | None = None
         self._hooks: list = []
         self._started_s = 0.0
-        self._cpu_marks: dict[str, float] = {}  # the process's CPU time at each mark (CPU runs)
+        self._cpu_marks: dict[str, float] = {}  # `_cpu_seconds` at each mark (CPU runs)
         self._backward_started = False
         self.opener, self.closer = _Opener(self), _Closer(self)
 
@@ -283,7 +291,7 @@ class StepProfiler:
         if self.device == "cuda":
             torch.cuda.synchronize()
         else:
-            self._cpu_marks[name] = time.process_time()
+            self._cpu_marks[name] = _cpu_seconds()
         with record_function(MARK + name):
             pass
 
