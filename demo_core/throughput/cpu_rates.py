@@ -116,7 +116,7 @@ def predicted_speedups(run: RunConfig, model_config, lengths: list[int], rates: 
     rates = rates or measure_cpu_rates(run.threads)
     device, efficiencies = cpu_device(rates)
     attention = run.attention if run.attention in ("varlen", "sdpa", "eager") else "sdpa"
-    settings = RunSettings(batch_size=run.micro_batch_size, grad_accum=run.grad_accum, precision="fp32",
+    settings = RunSettings(batch_size=run.batch_size, grad_accum=run.grad_accum, precision="fp32",
                            attention=attention, lora_rank=run.lora_rank, qlora=False,
                            gradient_checkpointing=bool(run.gradient_checkpointing), max_length=run.max_length,
                            optimizer=run.optimizer)
