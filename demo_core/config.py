@@ -33,6 +33,9 @@ ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "au
 # peft's shorthand for every linear layer but the output layer; otherwise LoRA targets are module names.
 LORA_ALL_LINEAR = "all-linear"
 MAX_LORA_RANK = 1024
+# Micro-batches per step: when accumulation split the batch it could not exceed the largest batch (256), nor here,
+# so that one step stays a bounded amount of work (`Limits.max_batch_size` caps each micro-batch).
+MAX_GRAD_ACCUM = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +110,7 @@ QLORA = Declaration(False, speed=True, help="LoRA on a 4-bit NF4 base (bitsandby
 BATCH_SIZE = Declaration(8, minimum=1, maximum="max_batch_size", shown="batch {}",
                          help="examples per device in one forward and backward pass (bfd and trl-bfd: packed rows), "
                               "transformers' per_device_train_batch_size; accumulation and devices multiply it")
-GRAD_ACCUM = Declaration(1, minimum=1, shown="× {} accumulation",
+GRAD_ACCUM = Declaration(1, minimum=1, maximum=MAX_GRAD_ACCUM, shown="× {} accumulation",
                          help="micro-batches per optimizer step (gradient_accumulation_steps): a step trains batch "
                               "size × N examples per device, its loss normalised by the trained tokens of all N")
 
@@ -165,7 +168,8 @@ class RunConfig:
                            help="which tokens carry loss: all; completion (prompt/completion data: the answer); "
                                 "assistant (conversations: the assistant turns); auto: TRL's default for the data's "
                                 "layout (completion for prompt/completion data, all otherwise)")
-    grad_accum: int = GRAD_ACCUM.placed(api=13, page=Widget(13, label="Gradient accumulation", more=True))
+    grad_accum: int = GRAD_ACCUM.placed(api=13, page=Widget(13, kind="number", label="Gradient accumulation",
+                                                            more=True))
     lora_rank: int = LORA_RANK.placed(
         api=14, page=Widget(14, kind="number", label="LoRA rank (0: full fine-tune)", more=True, row="lora"))
     lora_targets: tuple[str, ...] = LORA_TARGETS.placed(

@@ -25,22 +25,28 @@ from demo_core.training.recipe import (
     recipe_of,
 )
 
-# Why each argument has the value it has, where a reader would ask (the rest are plain settings).
+# Why an argument has the value it has, where a reader would ask (the rest are plain settings); a switch's note is
+# said only where it is on (loss masks) or where it says why it is off.
 ARGUMENT_NOTES = {
     "per_device_train_batch_size": "examples per device and forward pass",
     "gradient_accumulation_steps": "micro-batches per optimizer step",
     "train_sampling_strategy": "the examples in the run's order",
     "use_cpu": "the run trained on a CPU",
-    "padding_free": "the change from padded: each batch in one row, no padding",
     "completion_only_loss": "loss on the completion only",
     "assistant_only_loss": "loss on the assistant turns only",
-    "max_length": "TRL's padding-free without packing takes no max length",
+    "logging_steps": "the loss of every step",
+    "remove_unused_columns": "seq_lengths reaches the collator",
 }
 SAMPLER_NOTES = {"group_by_length": "batches of similar lengths (other batches than padded's)"}
 PACKED_ROWS_NOTE = "rows of up to max length, best-fit-decreasing"
-PADDED_COLLATOR = 'DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)'
-FLATTEN_COLLATORS = {"packed": "DataCollatorWithFlattening()",
-                     "naive": "DataCollatorWithFlattening(return_position_ids=False)"}
+# The Trainer scripts' collator by the registry's layout, and what it does.
+COLLATOR_LINES = {
+    "padded": ('DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)',
+               "pads to the batch's longest"),
+    "packed": ("DataCollatorWithFlattening()", "padding-free: one row, positions restart per example"),
+    "naive": ("DataCollatorWithFlattening(return_position_ids=False)",
+              "one row, no restarts: each example sees the ones before it"),
+}
 
 
 def literal(value) -> str:
@@ -78,17 +84,19 @@ def _arguments(recipe: Recipe) -> list[str]:
     values.update(logging_steps="1", save_strategy='"no"', report_to='"none"')
     if recipe.trainer == "trainer" and recipe.packed_rows:
         values["remove_unused_columns"] = "False"
-    notes = {**ARGUMENT_NOTES, "train_sampling_strategy": SAMPLER_NOTES.get(recipe.arguments.get(
-        "train_sampling_strategy"), ARGUMENT_NOTES["train_sampling_strategy"]),
-             "logging_steps": "the loss of every step", "remove_unused_columns": "seq_lengths reaches the collator"}
+    notes = {**ARGUMENT_NOTES, "train_sampling_strategy": SAMPLER_NOTES.get(
+        recipe.arguments.get("train_sampling_strategy"), ARGUMENT_NOTES["train_sampling_strategy"])}
     if recipe.packed_rows:
-        notes["per_device_train_batch_size"] = "packed rows per device and forward pass"
-        notes["max_length"] = PACKED_ROWS_NOTE
-    if recipe.sft_arguments.get("padding_free") and recipe.collator != "trl-padding-free":
-        notes.pop("padding_free")
+        notes.update(per_device_train_batch_size="packed rows per device and forward pass", max_length=PACKED_ROWS_NOTE)
+    elif recipe.trainer == "sft":
+        notes.update(padding_free="the change from padded (False): each batch in one row, no padding",
+                     max_length="TRL's padding-free without packing takes no max length")
     lines = []
     for name, value in values.items():
-        note = notes.get(name) if name != "max_length" or value == "None" or recipe.packed_rows else None
+        note = None if value == "False" and name in ("completion_only_loss", "assistant_only_loss") else \
+            notes.get(name)
+        if name in recipe.unlike_trl_defaults:
+            note = "the run's; SFTConfig's default differs"
         lines.append(f"    {name}={value},{f'  # {note}' if note else ''}")
     return lines
 
@@ -109,7 +117,8 @@ def _header(recipe: Recipe, steps: int, command: str) -> list[str]:
              f"order and settings. `python {recipe.script_name}` trains its {steps} steps and prints the loss of "
              f"every step as a JSON list on its last line. Written for {versions or 'the run’s libraries'}. The "
              f"files it reads (the model, the data) are written beside it by:")
-    return ['"""' + f"{recipe.collator}: {spec.why}.", "", *wrapped(about),
+    title = wrapped(f"{recipe.collator}: {spec.why}.")
+    return ['"""' + title[0], *title[1:], "", *wrapped(about),
             *wrapped(command, indent="    ", joiner=" \\"), '"""']
 
 
@@ -192,8 +201,9 @@ def _data(recipe: Recipe) -> list[str]:
              f"rows = [json.loads(line) for line in open(HERE / {literal(TOKENS_FILE)})]",
              "train_dataset = Dataset.from_list(rows)"]
     if recipe.packed_rows:
-        lines += [f"train_dataset = pack_dataset(train_dataset, seq_length={recipe.max_length}, strategy=\"bfd\")  "
-                  f"# {PACKED_ROWS_NOTE}",
+        lines += ["# The examples packed into rows of up to max length, best-fit-decreasing, each row with its "
+                  "seq_lengths",
+                  f"train_dataset = pack_dataset(train_dataset, seq_length={recipe.max_length}, strategy=\"bfd\")",
                   "flatten = DataCollatorWithFlattening()",
                   "",
                   "",
@@ -224,16 +234,16 @@ def _trainer(recipe: Recipe) -> list[str]:
         if recipe.truncate_to:
             lines += ["# Cut each prepared example as the run cut it (TRL's padding-free without packing leaves it to "
                       "the data)",
-                      "trainer.train_dataset = trainer.train_dataset.map(lambda row: {"
-                      f"\"input_ids\": row[\"input_ids\"][:{recipe.truncate_to}], "
+                      "trainer.train_dataset = trainer.train_dataset.map(",
+                      f"    lambda row: {{\"input_ids\": row[\"input_ids\"][:{recipe.truncate_to}], "
                       f"\"labels\": row[\"labels\"][:{recipe.truncate_to}]}})"]
         return lines
-    if recipe.packed_rows:
-        collator = "data_collator"
-    else:
-        collator = PADDED_COLLATOR if recipe.layout == "padded" else FLATTEN_COLLATORS[recipe.layout]
-    return [f"trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator={collator}"
-            f"{optimizer})"]
+    lines = []
+    if not recipe.packed_rows:  # (packed rows: data_collator is defined with the data)
+        collator, note = COLLATOR_LINES[recipe.layout]
+        lines.append(f"data_collator = {collator}  # {note}")
+    return lines + [f"trainer = Trainer(model=model, args=args, train_dataset=train_dataset, "
+                    f"data_collator=data_collator{optimizer})"]
 
 
 def script(recipe: Recipe, steps: int, command: str) -> str:
@@ -244,7 +254,8 @@ def script(recipe: Recipe, steps: int, command: str) -> str:
     if lines[-1]:
         lines.append("")
     lines += [f"args = {config_class}(", *_arguments(recipe), ")", *_trainer(recipe), "trainer.train()",
-              "# The Trainer's logged loss of every step (rounded to 4 decimals), as a JSON list on the last line",
+              "# The Trainer's logged loss of every step (its log_history keeps the float), as a JSON list on the "
+              "last line",
               'print(json.dumps([entry["loss"] for entry in trainer.state.log_history if "loss" in entry]))']
     return "\n".join(lines) + "\n"
 

@@ -25,6 +25,7 @@ CODE_INTRO = ("Each collator's burst as the script a fine-tuner writes (transfor
               "they read; each prints its per-step losses, the burst's.")
 NO_CODE = "*This run was saved before runs carried their code.*"
 REVOKED = "this shared link was revoked, or never existed"
+NO_RUN = "no run is shown: run one, or pick one in the history"
 # The page's URL follows the run it shows (`?run=<id>`), or keeps the shared link it was opened with.
 FOLLOW_RUN = """(link) => {
   if (link && link.run_id && !link.token) history.replaceState(null, "", "?run=" + encodeURIComponent(link.run_id));
@@ -38,7 +39,7 @@ def takehome_section() -> SimpleNamespace:
     gr.Markdown("## Take it home: the run as code, a report, a link")
     ui.code_intro = gr.Markdown(CODE_INTRO, elem_id="code-intro")
     ui.codes = {name: gr.Code(language="python", label=f"train_{name}.py", interactive=False, visible=False,
-                              elem_id=f"code-{name}", max_lines=40, buttons=["copy", "download"])
+                              elem_id=f"code-{name}", max_lines=24, buttons=["copy", "download"])
                 for name in COLLATORS}
     with gr.Row(equal_height=True):
         ui.include_examples = gr.Checkbox(False, label="Include the examples' text (of an uploaded dataset)",
@@ -89,7 +90,7 @@ def outputs(ui) -> list:
 def link_of(request: gr.Request, query: str) -> str:
     """The page's own address with `query`, from the address the page was loaded at (the browser's Referer; an API
     client has none, and gets the query alone)."""
-    page = (request.headers.get("referer") or "") if request is not None else ""
+    page = (getattr(request, "headers", None) or {}).get("referer") or ""
     return page.split("?")[0].split("#")[0] + query
 
 
@@ -122,7 +123,7 @@ class LinkedRun:
 def linked_run(history: RunHistory, shares: SharedRuns, request: gr.Request | None) -> LinkedRun | None:
     """`?run=<id>`: a run this visitor may see, as the history lists them (another visitor's private run is no run
     at all); `?shared=<token>`: a shared copy while its link lives; None for a page opened without either."""
-    query = dict(request.query_params) if request is not None else {}
+    query = dict(getattr(request, "query_params", None) or {})
     token, run_id = query.get(SHARED_PARAMETER), query.get(RUN_PARAMETER)
     if token:
         shared = shares.open(token)
@@ -142,7 +143,7 @@ def shown_document(history: RunHistory, shares: SharedRuns, session: Session, sh
     """(document, download name, whether its examples are an uploaded dataset's) of the run the section shows: a
     run this session may see, or a shared copy while its link lives."""
     if not shown:
-        raise DemoInputError("no run is shown: run one, or pick one in the history")
+        raise DemoInputError(NO_RUN)
     if shown.get("token"):
         shared = shares.open(shown["token"])
         if shared is None:
@@ -154,6 +155,8 @@ def shown_document(history: RunHistory, shares: SharedRuns, session: Session, sh
 
 def share(history: RunHistory, shares: SharedRuns, session: Session, run_id: str) -> dict:
     """A shared copy of a run `session` may see: {"token", "query", "run_id"} (the /share endpoint's answer)."""
+    if not run_id.strip():
+        raise DemoInputError(NO_RUN)
     entry = history_view.entry(history, session, run_id.strip())
     token = shares.share(entry, session.key)
     return {"token": token, "query": f"?{SHARED_PARAMETER}={token}", "run_id": entry.run_id}

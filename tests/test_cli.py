@@ -56,7 +56,7 @@ def test_compare_writes_every_contract_key(tmp_path):
     (["--threads", "0"], "threads must be between 1 and"),
     (["--loss-on", "assistant"], "loss on 'assistant' needs conversations"),
     (["--loss-on", "prompt"], "invalid choice: 'prompt'"),
-    (["--grad-accum", "0"], "grad accum must be at least 1, got 0"),
+    (["--grad-accum", "0"], "grad accum must be between 1 and 256, got 0"),
     (["--unknown-flag"], "unrecognized arguments"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):

@@ -11,7 +11,9 @@ scripts of a case run one after another in one fresh interpreter (the imports ar
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import json
 import os
 import subprocess
@@ -74,7 +76,8 @@ def compare_with_code(folder: Path, loss_on: str, lora_rank: int, grad_accum: in
                  "--batch-size", "2", "--grad-accum", str(grad_accum), "--loss-on", loss_on, "--lora-rank",
                  str(lora_rank), "--max-length", "256", "--collators", ",".join(collators), "--device", "cpu",
                  "--emit-code", str(folder), "--json", str(folder / "run.json")]
-    assert main(arguments) == 0
+    with contextlib.redirect_stdout(io.StringIO()):  # the report it prints: the JSON says the same
+        assert main(arguments) == 0
     return json.loads((folder / "run.json").read_text())
 
 
@@ -148,10 +151,8 @@ def test_the_diff_from_padded_is_the_change_a_user_makes(first_case):
         "TrainingArguments",
         "+from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening, Trainer, "
         "TrainingArguments",
-        '-trainer = Trainer(model=model, args=args, train_dataset=train_dataset, '
-        'data_collator=DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100))',
-        "+trainer = Trainer(model=model, args=args, train_dataset=train_dataset, "
-        "data_collator=DataCollatorWithFlattening())"], changed["flatten"]
-    assert changed["naive-concat"][-1].endswith("DataCollatorWithFlattening(return_position_ids=False))")
+        '-data_collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)',
+        "+data_collator = DataCollatorWithFlattening()"], changed["flatten"]
+    assert changed["naive-concat"][-1] == "+data_collator = DataCollatorWithFlattening(return_position_ids=False)"
     assert changed["padded-grouped"] == ['-    train_sampling_strategy="sequential",',
                                          '+    train_sampling_strategy="group_by_length",']

@@ -89,6 +89,7 @@ class Recipe:
     data_layout: str  # TRL's layout of the records
     json_columns: tuple[str, ...]  # record columns read as written (datasets' Json feature)
     truncate_to: int | None  # TRL's padding-free rows cut to this many tokens after preparation, as the burst cuts
+    unlike_trl_defaults: tuple[str, ...]  # arguments at TrainingArguments' default where SFTConfig's differs (bf16)
     max_length: int
     device: str
     versions: dict  # the libraries the run trained with
@@ -125,9 +126,13 @@ def _loss_type(model_type: str | None) -> str | None:
 
 def _script_arguments(run: RunConfig, sampler: str, config_class: type) -> dict:
     every = training_arguments(run, "unused", sampler)
-    defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
+    defaults = _defaults(config_class)
     return {name: every[name] for name in SCRIPT_ARGUMENTS
             if name in every and (name not in UNLESS_DEFAULT or every[name] != defaults.get(name))}
+
+
+def _defaults(config_class: type) -> dict:
+    return {field.name: field.default for field in dataclasses.fields(config_class)}
 
 
 def recipe_of(document: dict, collator: str) -> Recipe:
@@ -141,18 +146,21 @@ def recipe_of(document: dict, collator: str) -> Recipe:
         sft.pop("packing_strategy")  # no packing: no strategy to state
     # TRL's padding-free without packing refuses a max length: examples the run truncated are cut after preparation
     truncate_to = run.max_length if spec.trainer == "sft" and not spec.packed_rows and stats.get("truncated") else None
+    arguments = _script_arguments(run, spec.sampler, SFTConfig if spec.trainer == "sft" else TrainingArguments)
+    trainer_defaults, trl_defaults = _defaults(TrainingArguments), _defaults(SFTConfig)
+    unlike_trl = tuple(name for name, value in arguments.items() if spec.trainer == "sft"
+                       and value == trainer_defaults.get(name) != trl_defaults.get(name))
     return Recipe(
         collator=collator, trainer=spec.trainer, layout=spec.layout, packed_rows=spec.packed_rows,
         model=run.model, preset=run.model in PRESETS,
         attention=run.attention if run.attention in BUILT_IN_ATTENTION else SCRIPT_ATTENTION_FOR_VARLEN,
         run_attention=run.attention, loss_type=_loss_type(config.get("model_type")),
-        arguments=_script_arguments(run, spec.sampler, SFTConfig if spec.trainer == "sft" else TrainingArguments),
-        sft_arguments=sft,
+        arguments=arguments, sft_arguments=sft,
         lora=lora_arguments(run.lora_rank, run.lora_targets) if run.lora_rank else None, qlora=run.qlora,
         precision=run.precision, seed=run.seed,
         optimizer=None if optimizer is None else (optimizer[0].__name__, optimizer[1]),
         data_layout=stats.get("layout", "text"), json_columns=JSON_COLUMNS.get(stats.get("layout"), ()),
-        truncate_to=truncate_to, max_length=run.max_length, device=run.device,
+        truncate_to=truncate_to, unlike_trl_defaults=unlike_trl, max_length=run.max_length, device=run.device,
         versions={name: value for name, value in document.get("environment", {}).items()
                   if name in ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "python")},
     )
