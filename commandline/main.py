@@ -1,6 +1,6 @@
 """`python -m demo_core compare ...`: the engine headless. Prints a table; `--json PATH` writes the document (each
 result with its script, `code`), `--emit-code DIR` the scripts with what they read offline, `--report PATH.html` a
-self-contained report.
+self-contained report (and the same as Markdown with its PNGs, `<name>-markdown.zip` beside it).
 
 Bad input exits 2 with one line `error: ...` on stderr and no traceback (argparse's own errors included).
 """
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "weights and tokenizer, the data in the run's order)")
     compare.add_argument("--report", metavar="PATH.html",
                          help="write one self-contained HTML report (headline, figures, tables, settings, versions, "
-                              "notes, the scripts) that opens offline")
+                              "notes, the scripts) that opens offline, and the same as Markdown with its PNGs in "
+                              "<name>-markdown.zip beside it")
     caps = commands.add_parser("capabilities", help="which attention path works for which model family and device")
     caps.add_argument("--models", default="tiny-llama,tiny-mistral,tiny-qwen2,tiny-gemma,tiny-phi3,tiny-granite,tiny-gpt2")
     add_plan_parser(commands)
@@ -58,7 +59,25 @@ def emit_code(prepared, document: dict, directory: Path) -> list[Path]:
     return written
 
 
+def report_paths(report: str) -> tuple[Path, Path]:
+    """(the HTML report, the Markdown zip beside it) of `--report PATH.html`."""
+    page = Path(report)
+    return page, page.with_name(f"{page.stem}-markdown.zip")
+
+
+def check_outputs(args) -> None:
+    """Where the run's files go, checked before it trains: a mistyped path costs no training."""
+    for flag, value in (("--json", args.json), ("--report", args.report)):
+        if value and not Path(value).resolve().parent.is_dir():
+            raise DemoInputError(f"{flag} {value}: the folder {Path(value).parent} does not exist")
+        if value and Path(value).is_dir():
+            raise DemoInputError(f"{flag} {value} is a folder: give a file name")
+    if args.emit_code and Path(args.emit_code).exists() and not Path(args.emit_code).is_dir():
+        raise DemoInputError(f"--emit-code {args.emit_code} is a file: give a folder (it is created if missing)")
+
+
 def _compare(args) -> None:
+    check_outputs(args)
     prepared = prepare(from_arguments(RunConfig, args))
     document = with_code(run_comparison(prepared).to_dict())
     distributed.close()
@@ -71,9 +90,12 @@ def _compare(args) -> None:
     if args.report:
         # Imported when asked: the report draws figures, and a training machine may have no matplotlib
         # (docs/GPU_OFFLINE.md); tests/test_cli.py trains without it.
-        from presentation.run_report import report_html
+        from presentation.run_report import report_files
 
-        Path(args.report).write_text(report_html(document, include_examples=True))
+        page, archive = report_files(document, include_examples=True)  # the CLI's user trained on their own data
+        html_path, zip_path = report_paths(args.report)
+        html_path.write_text(page)
+        zip_path.write_bytes(archive)
     print(format_report(document))
 
 

@@ -168,9 +168,11 @@ def _data_uri(name: str, png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def report_html(document: dict, include_examples: bool = False, title: str | None = None) -> str:
-    """One HTML file that needs nothing else: its figures inline, its style sheet inline, no link to fetch."""
-    markdown = report_markdown(document, _data_uri, include_examples=include_examples, title=title)
+def report_html(document: dict, include_examples: bool = False, title: str | None = None,
+                drawn: dict | None = None) -> str:
+    """One HTML file that needs nothing else: its figures inline, its style sheet inline, no link to fetch. `drawn`:
+    the `figures` of the document, when the zip draws them too."""
+    markdown = report_markdown(document, _data_uri, drawn, include_examples, title)
     body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
     return (f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
@@ -178,9 +180,10 @@ def report_html(document: dict, include_examples: bool = False, title: str | Non
             f"<body>\n{body}</body>\n</html>\n")
 
 
-def report_zip(document: dict, include_examples: bool = False, title: str | None = None) -> bytes:
+def report_zip(document: dict, include_examples: bool = False, title: str | None = None,
+               drawn: dict | None = None) -> bytes:
     """report.md and figures/<name>.png, zipped."""
-    drawn = figures(document)
+    drawn = figures(document) if drawn is None else drawn
     markdown = report_markdown(document, lambda name, png: f"figures/{name}.png", drawn, include_examples, title)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -188,3 +191,10 @@ def report_zip(document: dict, include_examples: bool = False, title: str | None
         for name, (png, _, _) in drawn.items():
             archive.writestr(f"figures/{name}.png", png)
     return buffer.getvalue()
+
+
+def report_files(document: dict, include_examples: bool = False, title: str | None = None) -> tuple[str, bytes]:
+    """(the HTML report, the Markdown zip) of one run, its figures drawn once for both."""
+    drawn = figures(document)
+    return (report_html(document, include_examples, title, drawn),
+            report_zip(document, include_examples, title, drawn))

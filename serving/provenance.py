@@ -71,9 +71,17 @@ def run_empty() -> dict:
 
 
 def describe(settings: dict) -> str:
-    """The settings in one line, each as its declaration writes it: `tiny-llama` · `flan-like` · 256 samples · …"""
+    """The settings in one line, each as its declaration writes it: `tiny-llama` · `flan-like` · 256 samples · …;
+    accumulation with the effective batch it makes, as every Hugging Face trainer multiplies (one process: the
+    page's)."""
     declared = by_name(RunConfig)
-    return " · ".join(declared[name].as_text(value) for name, value in settings.items())
+    words = []
+    for name, value in settings.items():
+        text = declared[name].as_text(value)
+        if name == "grad_accum" and value > 1 and "batch_size" in settings:
+            text += f" = {settings['batch_size'] * value} per step"
+        words.append(text)
+    return " · ".join(words)
 
 
 def differences(here: dict, there: dict) -> list[str]:

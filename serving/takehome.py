@@ -101,8 +101,9 @@ def write_report(document: dict, name: str, include_examples: bool) -> tuple[str
     folder.mkdir(parents=True, exist_ok=True)
     html_path, zip_path = folder / f"packing-lab-{name}.html", folder / f"packing-lab-{name}-markdown.zip"
     title = f"Packing Lab run {name}"
-    html_path.write_text(run_report.report_html(document, include_examples, title))
-    zip_path.write_bytes(run_report.report_zip(document, include_examples, title))
+    page, archive = run_report.report_files(document, include_examples, title)
+    html_path.write_text(page)
+    zip_path.write_bytes(archive)
     return str(html_path), str(zip_path)
 
 

@@ -84,8 +84,14 @@ def test_a_document_saved_before_keeps_its_meaning_and_says_so(document):
 def test_a_document_of_today_says_its_batch_only_where_it_multiplies(document):
     assert "Batch: batch 3 per device × 2 accumulation = 6 per step." in provenance.run_line(
         provenance.run_saved("r2", "2026-12-03T00:00:00+00:00", document))
+    # The line over the batch picture and over a training run: the accumulation with the batch it makes.
+    settings = provenance.settings_of(document["config"])
+    assert "batch 3 · " in provenance.describe(settings) and "× 2 accumulation = 6 per step" in \
+        provenance.preview_line(provenance.preview_shown(document["config"], {}), provenance.NO_RUN)
+    assert "× 2 accumulation = 6 per step" in provenance.run_line(provenance.run_training(document["config"], 0, 2))
     plain = {**document, "config": {**document["config"], "grad_accum": 1, "effective_batch_size": 3}}
-    assert batch_words(plain) == "batch 3"
+    assert batch_words(plain) == "batch 3" and "accumulation =" not in provenance.describe(
+        provenance.settings_of(plain["config"]))
     assert "Batch:" not in provenance.run_line(provenance.run_saved("r3", "2026-12-03T00:00:00+00:00", plain))
 
 
