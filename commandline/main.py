@@ -66,14 +66,17 @@ def report_paths(report: str) -> tuple[Path, Path]:
 
 
 def check_outputs(args) -> None:
-    """Where the run's files go, checked before it trains: a mistyped path costs no training."""
+    """Where the run's files go, checked before it trains: a mistyped path costs no training. The scripts' folder
+    is made first, so that the JSON and the report may go into it."""
+    if args.emit_code:
+        if Path(args.emit_code).exists() and not Path(args.emit_code).is_dir():
+            raise DemoInputError(f"--emit-code {args.emit_code} is a file: give a folder (it is created if missing)")
+        Path(args.emit_code).mkdir(parents=True, exist_ok=True)
     for flag, value in (("--json", args.json), ("--report", args.report)):
         if value and not Path(value).resolve().parent.is_dir():
             raise DemoInputError(f"{flag} {value}: the folder {Path(value).parent} does not exist")
         if value and Path(value).is_dir():
             raise DemoInputError(f"{flag} {value} is a folder: give a file name")
-    if args.emit_code and Path(args.emit_code).exists() and not Path(args.emit_code).is_dir():
-        raise DemoInputError(f"--emit-code {args.emit_code} is a file: give a folder (it is created if missing)")
 
 
 def _compare(args) -> None:
