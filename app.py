@@ -4,8 +4,8 @@ Run `python app.py` (127.0.0.1:7860 by default; GRADIO_SERVER_NAME / GRADIO_SERV
 `gradio_client`: `/compare` (train and return the engine's JSON document) and `/preview` (the numbers before training),
 both taking the settings RunConfig declares for the API, in their declared order (model, dataset, samples,
 collators, steps, batch_size, attention, seed, max_length, precision, optimizer, dataset_file, ...); `/history` (the
-saved runs this client may see, one summary each), `/delete_runs`, and `/plan` (the memory planner,
-serving/planner_page.py).
+saved runs this client may see, one summary each), `/run`, `/delete_runs`, `/share`, `/shared` and `/unshare` (links to
+a run: serving/sharing.py), and `/plan` (the memory planner, serving/planner_page.py).
 
 What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
 and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
@@ -33,19 +33,22 @@ import demo_core  # noqa: E402
 from demo_core import Limits, RunConfig  # noqa: E402
 from demo_core.settings import capped_defaults  # noqa: E402
 from presentation import headline  # noqa: E402
-from serving import gpu, history_view, layout, page, planner_page, provenance, runs, uploads, views  # noqa: E402
-from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, documented_api,  # noqa: E402
-                              settings_endpoint)
+from serving import (gpu, history_view, layout, page, planner_page, provenance, runs, takehome, uploads,  # noqa: E402
+                     views)
+from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, SharedLink,  # noqa: E402
+                              documented_api, settings_endpoint)
 from serving.errors import user_errors  # noqa: E402
 from serving.history import HistoryEntry, RunHistory, data_dir  # noqa: E402
 from serving.inputs import config_from_document, prepare as prepare_from_inputs  # noqa: E402
 from serving.page import Screen  # noqa: E402
 from serving.sessions import Session  # noqa: E402
+from serving.sharing import SharedRuns  # noqa: E402
 from serving.stop import TIME_BUDGET  # noqa: E402
 from serving.uploads import Upload  # noqa: E402
 
 LIMITS = Limits.from_env()
 HISTORY = RunHistory(data_dir())
+SHARES = SharedRuns(data_dir())  # read-only copies of runs, opened by their links (serving/sharing.py)
 # The engine's defaults, lowered to the configured caps so that a run with defaults is always allowed.
 DEFAULTS = capped_defaults(RunConfig, LIMITS)
 
@@ -163,6 +166,7 @@ def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, screen
     yield {UI.bar.status: _saved_status(entry, job, file),
            **views.headline_views(UI.views, entry.document, status, preview["attention_why"]),
            **views.result_views(UI.views, entry.document, entry.run_id, screen),
+           **takehome.shown_views(UI.views.takehome, request, entry.run_id),
            UI.shown_run: provenance.run_saved(entry.run_id, entry.saved_at, entry.document),
            UI.views.history: history_table(request), **emptied_upload}
 
@@ -198,7 +202,42 @@ def show_history_run(selection: gr.SelectData, request: gr.Request, *, screen: d
             UI.upload: None,  # emptied: the run's data is its dataset
             **shown, UI.shown_preview: provenance.preview_shown(config, None, missing),
             UI.shown_run: provenance.run_saved(entry.run_id, entry.saved_at, document),
-            **views.result_views(UI.views, document, entry.run_id, screen)}
+            **views.result_views(UI.views, document, entry.run_id, screen),
+            **takehome.shown_views(UI.views.takehome, request, entry.run_id)}
+
+
+@user_errors
+def open_link(request: gr.Request, *, screen: dict | None = None) -> dict:
+    """A page opened at a run's link (`?run=<id>`, `?shared=<token>`: takehome.linked_run) shows that run; the inputs
+    keep their values, and the line over the results says which settings made the run."""
+    linked = takehome.linked_run(HISTORY, SHARES, request)
+    if linked is None:
+        return {}
+    document = linked.document
+    return {**views.headline_views(UI.views, document, f"{linked.status}\n\n{headline.status_line(document)}"),
+            **views.result_views(UI.views, document, linked.name, Screen.of(screen)),
+            **takehome.shown_views(UI.views.takehome, request, linked.run_id, linked.token),
+            UI.shown_run: provenance.run_saved(linked.run_id, linked.saved_at, document)}
+
+
+@user_errors
+def download_report(shown: dict | None, include_examples: bool, request: gr.Request) -> dict:
+    return takehome.report_views(UI.views.takehome, HISTORY, SHARES, Session.of(request), shown, include_examples)
+
+
+@user_errors
+def share_shown(shown: dict | None, request: gr.Request) -> dict:
+    link = takehome.share(HISTORY, SHARES, Session.of(request), (shown or {}).get("run_id") or "")
+    return {**takehome.shared_views(UI.views.takehome, request, shown, link),
+            UI.bar.status: "Shared: anyone with the link sees a read-only copy of this run (without an uploaded "
+                           "dataset's text) until you revoke it."}
+
+
+@user_errors
+def revoke_shown(shown: dict | None, request: gr.Request) -> dict:
+    takehome.revoke(SHARES, Session.of(request), (shown or {}).get("shared") or "")
+    return {**takehome.revoked_views(UI.views.takehome, request, shown),
+            UI.bar.status: "Revoked: the shared link opens nothing now."}
 
 
 def history_table(request: gr.Request) -> list[list]:
@@ -261,8 +300,8 @@ def saved_runs(request: gr.Request = None) -> list[RunSummary]:
 
     Returns:
         one summary per run: run_id, saved_at, model, dataset, samples (the examples it used), collators, steps,
-        batch_size, seed, max_length, attention, best_speedup, partial, private, and yours (made by this client: it
-        may delete it)
+        batch_size, grad_accum, effective_batch_size (examples per optimizer step), batch (in words), seed,
+        max_length, attention, best_speedup, partial, private, and yours (made by this client: it may delete it)
     """
     return history_view.summaries(HISTORY, Session.of(request))
 
@@ -279,6 +318,60 @@ def delete_runs(run_ids: str = "", request: gr.Request = None) -> list[str]:
     """
     wanted = {part.strip() for part in run_ids.split(",") if part.strip()}
     return history_view.delete(HISTORY, Session.of(request), wanted or None)
+
+
+@user_errors
+def saved_run(run_id: str, request: gr.Request = None) -> RunDocument:
+    """A saved run's document, if this client may see it (as /history lists it); the page opens it at ?run=<id>.
+
+    Args:
+        run_id: a run id /history lists
+
+    Returns:
+        the run's JSON document, as /compare returned it
+    """
+    return history_view.entry(HISTORY, Session.of(request), run_id.strip()).document
+
+
+@user_errors
+def share(run_id: str, request: gr.Request = None) -> SharedLink:
+    """Shares a run this client may see: a read-only copy that anyone with its token can open (/shared, or the page
+    at ?shared=<token>), without the text of an uploaded dataset, until this client revokes it (/unshare).
+
+    Args:
+        run_id: a run id /history lists
+
+    Returns:
+        token (192 random bits, URL-safe), query ("?shared=<token>", to append to the page's address), run_id
+    """
+    return takehome.share(HISTORY, SHARES, Session.of(request), run_id)
+
+
+@user_errors
+def shared_run(token: str) -> RunDocument:
+    """The read-only copy a shared link opens.
+
+    Args:
+        token: the token /share returned
+
+    Returns:
+        the run's JSON document, without the text of an uploaded dataset's examples
+    """
+    return takehome.shared_document(SHARES, token)
+
+
+@user_errors
+def unshare(token: str, request: gr.Request = None) -> bool:
+    """Revokes a shared link this client made: it opens nothing from then on.
+
+    Args:
+        token: the token /share returned
+
+    Returns:
+        true once revoked
+    """
+    takehome.revoke(SHARES, Session.of(request), token)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -310,6 +403,9 @@ def build_demo(defaults: RunConfig = DEFAULTS) -> tuple[gr.Blocks, SimpleNamespa
             documented_api(demo, settings_endpoint(endpoint, defaults, DATASET_FILE), name, returns, **options)
         documented_api(demo, saved_runs, "history", "runs", concurrency_id="history", concurrency_limit=4)
         documented_api(demo, delete_runs, "delete_runs", "deleted", concurrency_id="history", concurrency_limit=4)
+        for endpoint, name, returns in ((saved_run, "run", "document"), (share, "share", "link"),
+                                        (shared_run, "shared", "document"), (unshare, "unshare", "revoked")):
+            documented_api(demo, endpoint, name, returns, concurrency_id="history", concurrency_limit=4)
     # One training job at a time: every training event shares the "training" group under this default limit.
     demo.queue(default_concurrency_limit=1)
     return demo, ui
@@ -361,7 +457,24 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
                                   ui.shown_preview, ui.shown_run, *result_outputs])
     shown.delete_button.click(delete_my_runs, outputs=[bar.status, shown.history], api_visibility="private",
                               concurrency_id="history", concurrency_limit=4)
+    _wire_takehome(demo, ui)
     demo.unload(forget_session)
+
+
+def _wire_takehome(demo: gr.Blocks, ui: SimpleNamespace) -> None:
+    """A run's link opens it on load; the report, Share and Revoke act on the run the section shows."""
+    home, in_history_group = ui.views.takehome, dict(concurrency_id="history", concurrency_limit=4,
+                                                     api_visibility="private")
+    demo.load(open_link, inputs_kwargs={"screen": ui.screen}, js=page.WITH_SCREEN, **in_history_group,
+              outputs=[ui.views.summary, ui.views.details, *views.result_outputs(ui.views), ui.shown_run])
+    home.shown.change(None, inputs=home.shown, js=takehome.FOLLOW_RUN, queue=False, api_visibility="private")
+    home.report_button.click(download_report, inputs=[home.shown, home.include_examples],
+                             outputs=[home.report_html, home.report_zip], concurrency_id="report",
+                             concurrency_limit=2, api_visibility="private")
+    home.share_button.click(share_shown, inputs=home.shown, outputs=[home.link, home.shown, home.revoke_button,
+                                                                      ui.bar.status], **in_history_group)
+    home.revoke_button.click(revoke_shown, inputs=home.shown, outputs=[home.link, home.shown, home.revoke_button,
+                                                                        ui.bar.status], **in_history_group)
 
 
 demo, UI = build_demo()

@@ -46,7 +46,8 @@ CASES = [
 
 
 def run(path: str, steps: int, **settings) -> dict:
-    config = RunConfig(model="tiny-llama", dataset=path, samples=64, steps=steps, batch_size=8, max_length=512,
+    settings = {"batch_size": 8, **settings}
+    config = RunConfig(model="tiny-llama", dataset=path, samples=64, steps=steps, max_length=512,
                        device="cpu", precision="fp32", collators=COLLATORS, **settings)
     return run_comparison(config).to_dict()
 
@@ -73,7 +74,7 @@ def main() -> None:
                   f"{' | '.join(cells)} |")
         path = Path(folder) / "alpaca.jsonl"
         path.write_text("\n".join(json.dumps(row) for row in (ALPACA + DOLLY + GSM8K) * 8))
-        whole, accumulated = (run(str(path), steps, grad_accum=n)["results"] for n in (1, 4))
+        whole, accumulated = (run(str(path), steps, batch_size=8 // n, grad_accum=n)["results"] for n in (1, 4))
         print("\n4 micro-batches of 2 against 1 batch of 8 (completion-only), max |Δloss| per step:")
         for one, four in zip(whole, accumulated):
             print(f"  {one['collator']}: {max_difference(one['losses'], four['losses']):.1e}")

@@ -33,6 +33,9 @@ ESTIMATE_ATTENTION_NAMES = tuple(name for name in ATTENTION_NAMES if name != "au
 # peft's shorthand for every linear layer but the output layer; otherwise LoRA targets are module names.
 LORA_ALL_LINEAR = "all-linear"
 MAX_LORA_RANK = 1024
+# Micro-batches per step: when accumulation split the batch it could not exceed the largest batch (256), nor here,
+# so that one step stays a bounded amount of work (`Limits.max_batch_size` caps each micro-batch).
+MAX_GRAD_ACCUM = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +105,14 @@ LORA_TARGETS = Declaration((LORA_ALL_LINEAR,), shown="LoRA on {}", speed=True,
                            help="the modules LoRA adapts: module names (e.g. q_proj,v_proj) or all-linear (every "
                                 "linear layer but the output layer)")
 QLORA = Declaration(False, speed=True, help="LoRA on a 4-bit NF4 base (bitsandbytes; a run needs CUDA)")
+# Hugging Face's batch semantics (batch_semantics.py): the per-device micro-batch, multiplied by accumulation and by
+# the processes, as `per_device_train_batch_size` x `gradient_accumulation_steps` (x GPUs) in every HF trainer.
+BATCH_SIZE = Declaration(8, minimum=1, maximum="max_batch_size", shown="batch {}",
+                         help="examples per device in one forward and backward pass (bfd and trl-bfd: packed rows), "
+                              "transformers' per_device_train_batch_size; accumulation and devices multiply it")
+GRAD_ACCUM = Declaration(1, minimum=1, maximum=MAX_GRAD_ACCUM, shown="× {} accumulation",
+                         help="micro-batches per optimizer step (gradient_accumulation_steps): a step trains batch "
+                              "size × N examples per device, its loss normalised by the trained tokens of all N")
 
 
 def resolved_checkpointing(requested: bool | None, lora_rank: int) -> bool:
@@ -133,8 +144,7 @@ class RunConfig:
     steps: int = setting(20, minimum=1, maximum="max_steps", api=4, page=Widget(5, label="Steps per collator"),
                          shown="{} steps", help="optimizer steps per collator (step 1 is a warm-up, left out of the "
                                                 "timings)")
-    batch_size: int = setting(8, minimum=1, maximum="max_batch_size", api=5, page=Widget(6), shown="batch {}",
-                              help="examples per step (bfd and trl-bfd: packed rows)")
+    batch_size: int = BATCH_SIZE.placed(api=5, page=Widget(6, label="Batch size per device"))
     attention: str = ATTENTION.placed(api=6, page=Widget(7, more=True))
     seed: int = SEED.placed(api=7, page=Widget(10, more=True))
     max_length: int = setting(1024, minimum=2, maximum="max_length", api=8, page=Widget(11, more=True),
@@ -158,10 +168,8 @@ class RunConfig:
                            help="which tokens carry loss: all; completion (prompt/completion data: the answer); "
                                 "assistant (conversations: the assistant turns); auto: TRL's default for the data's "
                                 "layout (completion for prompt/completion data, all otherwise)")
-    grad_accum: int = setting(1, minimum=1, api=13, page=Widget(13, label="Gradient accumulation", more=True),
-                              shown="{} micro-batches per step",
-                              help="each optimizer step runs N micro-batches of batch size / N examples, its loss "
-                                   "normalised by the trained tokens of all N (must divide the batch size)")
+    grad_accum: int = GRAD_ACCUM.placed(api=13, page=Widget(13, kind="number", label="Gradient accumulation",
+                                                            more=True))
     lora_rank: int = LORA_RANK.placed(
         api=14, page=Widget(14, kind="number", label="LoRA rank (0: full fine-tune)", more=True, row="lora"))
     lora_targets: tuple[str, ...] = LORA_TARGETS.placed(
@@ -186,10 +194,6 @@ class RunConfig:
             raise DemoInputError(f"learning rate must be positive, got {numbers['learning_rate']}")
         if self.qlora and not numbers["lora_rank"]:
             raise DemoInputError("QLoRA trains LoRA adapters on a 4-bit base: give a lora rank (e.g. 16)")
-        batch_size, grad_accum = numbers["batch_size"], numbers["grad_accum"]
-        if grad_accum > batch_size or batch_size % grad_accum:
-            raise DemoInputError(f"gradient accumulation steps must divide the batch size {batch_size} (each step: "
-                                 f"that many micro-batches of batch size / steps examples), got {grad_accum}")
         return dataclasses.replace(self, model=self.model.strip(), dataset=self.dataset.strip(),
                                    collators=parse_collators(self.collators),
                                    lora_targets=parse_lora_targets(self.lora_targets), **numbers)
@@ -204,9 +208,10 @@ class RunConfig:
                                        self.gradient_checkpointing, self.lora_rank))
 
     @property
-    def micro_batch_size(self) -> int:
-        """Examples (bfd: rows) per forward/backward pass, over all processes."""
-        return self.batch_size // self.grad_accum
+    def examples_per_step(self) -> int:
+        """Examples (bfd: rows) one process trains per optimizer step: its micro-batch times the accumulation. Times
+        the processes, the effective batch (batch_semantics.py)."""
+        return self.batch_size * self.grad_accum
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)

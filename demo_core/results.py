@@ -55,6 +55,9 @@ class Result:
     # What `peak_memory_bytes` measures on this device, in words (memory_measure.PEAK_KINDS); `memory` says what
     # was alive at that peak (`measured_at_peak`, adding up to it)
     peak_memory_kind: str | None = None
+    # Examples (packed rows) per optimizer step over every process and micro-batch, as the Trainer was given them:
+    # per_device_train_batch_size x gradient_accumulation_steps x processes (batch_semantics.py; None: saved before)
+    effective_batch_size: int | None = None
 
     @property
     def timed_step_indices(self) -> list[int]:

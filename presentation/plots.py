@@ -124,8 +124,11 @@ def _throughput_bars(axes, results: list[dict]) -> tuple[list, list[list[float]]
     ranges = [result.get("tokens_per_s_range") or [rate, rate] for result, rate in zip(results, rates)]
     bars = axes.bar(range(len(results)), rates, color=[collator_spec(n).color for n in names],
                     hatch=["//" if r.get("partial") else "" for r in results], edgecolor="white",
-                    yerr=np.array([[rate - low for rate, (low, _) in zip(rates, ranges)],
-                                   [high - rate for rate, (_, high) in zip(rates, ranges)]]), ecolor="#555555",
+                    # The bar is the trimmed mean, which on a few unequal steps can lie outside their middle half
+                    # (demo_core/results.py): the whisker then starts at the bar, never below it
+                    yerr=np.array([[max(rate - low, 0.0) for rate, (low, _) in zip(rates, ranges)],
+                                   [max(high - rate, 0.0) for rate, (_, high) in zip(rates, ranges)]]),
+                    ecolor="#555555",
                     capsize=4)
     return list(bars), ranges
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from demo_core.collators import BASELINE, COLLATORS, collator_spec
 from demo_core.results import ABOVE_IDEAL_TOLERANCE
 from demo_core.training.anatomy import OP_CLASSES, PHASES, backward_over_forward
+from presentation.batch_words import batch_words, effective_batch_size
 
 
 def human_bytes(count: float) -> str:
@@ -93,6 +94,7 @@ RESULT_COLUMNS = (
     Column("final loss", lambda r, c: r["losses"][-1] if r["losses"] else None, "{:.4f}"),
     Column("steps", lambda r, c: r["steps"], "{}"),
     Column("timed steps", lambda r, c: r.get("timed_steps"), "{}"),
+    Column("effective batch", lambda r, c: r.get("effective_batch_size"), "{}", in_terminal=False),
     Column("attention", lambda r, c: r["attention"], "{}", in_terminal=False),
 )
 RESULT_HEADERS = [column.header for column in RESULT_COLUMNS]
@@ -100,8 +102,11 @@ CONTAMINATION_HEADERS = ["example", "tokens", "flatten max |Δlogit| vs alone", 
 
 
 def result_entries(document: dict):
-    """(result, its comparison entry) per collator of the run, in run order."""
+    """(result, its comparison entry) per collator of the run, in run order; a result saved before results carried
+    their effective batch gets its run's (batch_semantics.py)."""
     for result in document["results"]:
+        if result.get("effective_batch_size") is None:
+            result = {**result, "effective_batch_size": effective_batch_size(document)}
         yield result, document["comparison"][result["collator"]]
 
 
@@ -109,12 +114,21 @@ def results_table(document: dict) -> list[list[str]]:
     return [[column.show(result, entry) for column in RESULT_COLUMNS] for result, entry in result_entries(document)]
 
 
+def settings_columns(document: dict) -> dict[str, Any]:
+    """The run's settings as the CSV's last columns (`config.<key>`: as asked, `resolved_*` as trained, lists
+    comma-separated), its effective batch also for a run saved before it was recorded."""
+    config = {"effective_batch_size": effective_batch_size(document), **document["config"]}
+    return {f"config.{key}": ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            for key, value in config.items()}
+
+
 def results_csv(document: dict) -> str:
-    """The results table with raw values (no rounding), one row per collator."""
+    """The results table with raw values (no rounding), one row per collator, then the settings that made it."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow([column.csv_header or column.header for column in RESULT_COLUMNS])
-    writer.writerows([column.value(result, entry) for column in RESULT_COLUMNS]
+    settings = settings_columns(document)
+    writer.writerow([column.csv_header or column.header for column in RESULT_COLUMNS] + list(settings))
+    writer.writerows([column.value(result, entry) for column in RESULT_COLUMNS] + list(settings.values())
                      for result, entry in result_entries(document))
     return buffer.getvalue()
 
@@ -274,7 +288,8 @@ def run_summary(run_id: str, saved_at: str, document: dict) -> dict:
     config = document.get("config", {})
     return {"run_id": run_id, "saved_at": saved_at,
             **{key: config.get(key) for key in ("model", "dataset", "collators", "steps", "batch_size", "seed",
-                                                "max_length")},
+                                                "max_length", "grad_accum")},
+            "effective_batch_size": effective_batch_size(document), "batch": batch_words(document),
             # the examples the run used: fewer than asked for when the data had fewer
             "samples": document.get("dataset_stats", {}).get("count", config.get("samples")),
             "attention": config.get("resolved_attention", config.get("attention")),
@@ -288,7 +303,7 @@ def history_row(summary: dict) -> list:
             "stopped (partial)" if summary["partial"] else "complete",
             summary["saved_at"].replace("T", " ").replace("+00:00", ""), summary["model"],
             Path(summary["dataset"]).name, summary["samples"], ", ".join(summary["collators"]), summary["steps"],
-            summary["batch_size"], summary["attention"]]
+            summary["batch"], summary["attention"]]
 
 
 # ---- before training ---------------------------------------------------------------------------------------------
@@ -431,12 +446,9 @@ def training_words(config: dict) -> str:
 
 def format_report(document: dict) -> str:
     stats, config = document["dataset_stats"], document["config"]
-    accumulation = config.get("grad_accum", 1)
     lines = [
         f"model {config['model']}  attention {config['resolved_attention']}  device {config['resolved_device']}  "
-        f"precision {config['resolved_precision']}{training_words(config)}" +
-        (f"  gradient accumulation {accumulation} x {config['batch_size'] // accumulation} examples per step"
-         if accumulation > 1 else ""),
+        f"precision {config['resolved_precision']}{training_words(config)}  {batch_words(document)}",
         f"dataset {stats['name']}: {stats['count']} examples, mean {stats['mean']:.0f} tokens, "
         f"p50 {stats['p50']:.0f}, p90 {stats['p90']:.0f}, p99 {stats['p99']:.0f}, max {stats['max']}",
         *_data_lines(document),
@@ -462,8 +474,8 @@ def format_report(document: dict) -> str:
     world_size = document["environment"].get("world_size", 1)
     if world_size > 1:
         sharding = "FSDP: weights, gradients and optimizer state sharded" if config.get("fsdp") else "DDP"
-        lines.append(f"{world_size} processes ({sharding}), {config['batch_size'] // world_size} examples each per "
-                     "step: tokens/s and samples/s are the aggregate; per process tokens/s:")
+        lines.append(f"{world_size} processes ({sharding}), each training its own micro-batches: tokens/s and "
+                     "samples/s are the aggregate; per process tokens/s:")
         lines += [f"  {result['collator']}: {' / '.join(f'{rate:.0f}' for rate in result['tokens_per_s_per_device'])}"
                   for result in document["results"] if result["tokens_per_s_per_device"]]
         lines += rank_memory_lines(document)

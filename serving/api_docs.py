@@ -69,7 +69,10 @@ class RunSummary(TypedDict):
     dataset: str
     collators: list[str]
     steps: int
-    batch_size: int
+    batch_size: int  # as saved: per device since batch_semantics, the whole step's before (see `batch`)
+    grad_accum: int | None
+    effective_batch_size: int
+    batch: str  # the batch in words, saying when a run was saved before batch size meant per device
     seed: int
     max_length: int
     samples: int
@@ -78,6 +81,14 @@ class RunSummary(TypedDict):
     partial: bool
     private: bool
     yours: bool
+
+
+class SharedLink(TypedDict):
+    """A shared link (`/share`): its token, the query that opens it on the page, and the run it copies."""
+
+    token: str
+    query: str
+    run_id: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import demo_core
 from demo_core import DemoInputError, Limits, RunConfig
+from demo_core.batch_semantics import as_per_device
 from serving.history import data_dir
 from serving.uploads import Upload, upload_folder
 
@@ -59,7 +60,8 @@ def config_from_document(document: dict) -> RunConfig:
     """The config a saved run was made with (to redraw its batch), its local model and data paths held to the same
     allowed roots as typed ones (the roots may have narrowed since the run)."""
     names = {field.name for field in dataclasses.fields(RunConfig)}
-    config = RunConfig(**{key: value for key, value in document["config"].items() if key in names})
+    # a run saved before batch size meant per device: its micro-batch, so that the same batch is drawn
+    config = RunConfig(**{key: value for key, value in as_per_device(document["config"]).items() if key in names})
     check_local_path(config.model, "model")
     check_local_path(config.dataset, "dataset", (".json", ".jsonl"))
     return config

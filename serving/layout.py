@@ -12,7 +12,7 @@ import gradio as gr
 from demo_core import Limits, RunConfig
 from demo_core.settings import page_settings
 from presentation import report
-from serving import provenance
+from serving import provenance, takehome
 from serving.widgets import Form, settings_form
 
 INTRO = """
@@ -113,6 +113,7 @@ def views_column() -> SimpleNamespace:
     with gr.Row():
         ui.json_file = gr.File(label="Run as JSON", interactive=False, min_width=240)
         ui.csv_file = gr.File(label="Results as CSV", interactive=False, min_width=240)
+    ui.takehome = takehome.takehome_section()  # each collator's script, the report, the run's links
     gr.Markdown("## 3 · History (click a row to show that run and put its settings back in the inputs)")
     ui.history = gr.Dataframe(headers=report.HISTORY_HEADERS, interactive=False, elem_id="history", max_height=320,
                               wrap=True, pinned_columns=1)

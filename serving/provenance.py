@@ -14,7 +14,9 @@ changes:
 from __future__ import annotations
 
 from demo_core import RunConfig
+from demo_core.batch_semantics import as_per_device, document_batch
 from demo_core.settings import by_name, page_settings
+from presentation.batch_words import batch_words
 
 NONE, WAITING, TRAINING, DONE, FAILED, NOTHING = "none", "waiting", "training", "done", "failed", "nothing"
 NO_RUN = {"phase": NONE, "settings": None}
@@ -22,7 +24,9 @@ NO_RUN = {"phase": NONE, "settings": None}
 
 def settings_of(config: dict) -> dict:
     """The settings a visitor chooses (those the page shows, in page order) of a preview's or a run's `config`; a run
-    saved before a setting was declared had its default."""
+    saved before a setting was declared had its default, one saved before batch size meant per device has its batch
+    as today's settings say it (batch_semantics.as_per_device)."""
+    config = as_per_device(config)
     return {item.name: config.get(item.name, item.default) for item in page_settings(RunConfig)}
 
 
@@ -51,8 +55,11 @@ def run_training(config: dict, done: int, of: int) -> dict:
 
 
 def run_saved(run_id: str, saved_at: str, document: dict) -> dict:
+    """`batch`: the batch in words when it says more than the settings (accumulation, processes, an earlier run)."""
+    shape = document_batch(document)
+    multiplied = shape.saved_before or shape.grad_accum > 1 or shape.processes > 1
     return {"phase": DONE, "settings": settings_of(document["config"]), "run_id": run_id, "saved_at": saved_at,
-            "partial": bool(document.get("partial"))}
+            "partial": bool(document.get("partial")), "batch": batch_words(document) if multiplied else None}
 
 
 def run_failed(shown: dict) -> dict:
@@ -64,9 +71,17 @@ def run_empty() -> dict:
 
 
 def describe(settings: dict) -> str:
-    """The settings in one line, each as its declaration writes it: `tiny-llama` · `flan-like` · 256 samples · …"""
+    """The settings in one line, each as its declaration writes it: `tiny-llama` · `flan-like` · 256 samples · …;
+    accumulation with the effective batch it makes, as every Hugging Face trainer multiplies (one process: the
+    page's)."""
     declared = by_name(RunConfig)
-    return " · ".join(declared[name].as_text(value) for name, value in settings.items())
+    words = []
+    for name, value in settings.items():
+        text = declared[name].as_text(value)
+        if name == "grad_accum" and value > 1 and "batch_size" in settings:
+            text += f" = {settings['batch_size'] * value} per step"
+        words.append(text)
+    return " · ".join(words)
 
 
 def differences(here: dict, there: dict) -> list[str]:
@@ -121,7 +136,8 @@ def run_line(run: dict) -> str:
                 f"and saved in the history. Settings: {settings}.")
     status = "stopped, partial" if run["partial"] else "complete"
     saved = run["saved_at"].replace("T", " ").split(".")[0].replace("+00:00", " UTC")
-    return f"**Shown:** run **{run['run_id']}** ({status}, saved {saved}): {settings}."
+    batch = f" Batch: {run['batch']}." if run.get("batch") else ""
+    return f"**Shown:** run **{run['run_id']}** ({status}, saved {saved}): {settings}.{batch}"
 
 
 def lines(shown: dict | None, run: dict) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from typing import Iterator
 
 from demo_core import DemoInputError, Limits, Prepared
 from demo_core.training import duration
+from presentation.recipe_script import with_code
 from serving import gpu
 from serving.history import RunHistory
 from serving.sessions import Session
@@ -84,8 +85,9 @@ def train_and_save(job: gpu.TrainingJob, history: RunHistory, session: Session,
     document, private = None, upload is not None
 
     def save(reason: str | None = None):
-        return history.append(document if reason is None else {**document, "stop_reason": reason}, session.key,
-                              private)
+        # each result with its script (presentation/recipe_script.py): the page shows it, the API returns it
+        saved = with_code(document if reason is None else {**document, "stop_reason": reason})
+        return history.append(saved, session.key, private)
 
     try:
         with contextlib.closing(gpu.train_on_gpu(job)) as events:

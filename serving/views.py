@@ -12,7 +12,7 @@ import gradio as gr
 
 from presentation import batch_picture as picture
 from presentation import headline, plots, report
-from serving import downloads
+from serving import downloads, takehome
 from serving.layout import GLANCE_MIN_PX
 from serving.page import Screen
 
@@ -66,12 +66,14 @@ def training_views(ui, document: dict, done: int, of: int, attention_why: str | 
 
 
 def result_views(ui, document: dict, name: str, screen: Screen) -> dict:
-    """Every result view of a finished run but its headline: its figures, tables, downloads and time anatomy."""
+    """Every result view of a finished run but its headline: its figures, tables, downloads, time anatomy and
+    scripts (the links and the report: takehome.shown_views)."""
     json_path, csv_path = downloads.write(document, name)
     return {**result_figures(ui, document, screen), ui.results: report.results_table(document),
             ui.contamination: gr.Dataframe(report.contamination_table(document),
                                            label=report.contamination_title(document)),
-            ui.json_file: json_path, ui.csv_file: csv_path, **anatomy_views(ui, document, screen)}
+            ui.json_file: json_path, ui.csv_file: csv_path, **anatomy_views(ui, document, screen),
+            **takehome.code_views(ui.takehome, document)}
 
 
 def preview_outputs(ui) -> list:
@@ -83,7 +85,7 @@ def result_outputs(ui) -> list:
     """The components a run's results fill (the headline's `summary` aside): outputs of every event that shows or
     clears a run."""
     return [ui.glance, ui.throughput_plot, ui.loss_plot, ui.memory_plot, ui.details, ui.results, ui.contamination,
-            ui.json_file, ui.csv_file, ui.anatomy_plot, ui.anatomy_text]
+            ui.json_file, ui.csv_file, ui.anatomy_plot, ui.anatomy_text, *takehome.outputs(ui.takehome)]
 
 
 def no_results(ui) -> dict:
@@ -91,4 +93,4 @@ def no_results(ui) -> dict:
     on the page belongs to another run; the figures' row is hidden until there is something in it."""
     return {**dict.fromkeys(result_outputs(ui)), ui.glance: gr.Row(visible=False),
             ui.contamination: gr.Dataframe(None, label=report.CONTAMINATION_TITLE), ui.anatomy_text: "",
-            ui.details: ""}
+            ui.details: "", **takehome.no_views(ui.takehome)}

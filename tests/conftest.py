@@ -38,8 +38,10 @@ def lab_app(tmp_path_factory):
         patch.setenv("PACKING_LAB_DATA_DIR", str(data_dir))  # allowed roots and history both follow it
         import app
         from serving.history import RunHistory
+        from serving.sharing import SharedRuns
 
         patch.setattr(app, "HISTORY", RunHistory(data_dir))
+        patch.setattr(app, "SHARES", SharedRuns(data_dir))
         app.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True)
         yield app
         app.demo.close()

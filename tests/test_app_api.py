@@ -25,9 +25,10 @@ def client(lab_app):
     return Client(lab_app.demo.local_url, verbose=False)
 
 
-def test_api_exposes_compare_preview_history_and_delete_runs_only(client):
+def test_api_exposes_compare_preview_history_runs_links_and_plan_only(client):
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/delete_runs", "/plan"}
+    assert set(endpoints["named_endpoints"]) == {"/compare", "/preview", "/history", "/run", "/delete_runs",
+                                                 "/share", "/shared", "/unshare", "/plan"}
     assert not endpoints["unnamed_endpoints"]
     for name in ("/compare", "/preview"):
         parameters = endpoints["named_endpoints"][name]["parameters"]
@@ -39,6 +40,8 @@ def test_api_exposes_compare_preview_history_and_delete_runs_only(client):
         assert parameters[11]["python_type"]["type"] == "None | filepath"  # a file, sent with handle_file
     assert not endpoints["named_endpoints"]["/history"]["parameters"]
     assert [p["parameter_name"] for p in endpoints["named_endpoints"]["/delete_runs"]["parameters"]] == ["run_ids"]
+    for name, parameter in (("/run", "run_id"), ("/share", "run_id"), ("/shared", "token"), ("/unshare", "token")):
+        assert [p["parameter_name"] for p in endpoints["named_endpoints"][name]["parameters"]] == [parameter]
 
 
 def test_the_api_page_names_types_and_describes_every_parameter_and_return(client):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -12,7 +13,7 @@ from commandline.main import main
 RESULT_KEYS = {"collator", "attention", "steps", "real_tokens", "trained_tokens", "padded_slots", "pad_fraction",
                "tokens_per_s",
                "samples_per_s", "step_time_median_s", "losses", "peak_memory_bytes", "memory",
-               "timed_steps", "tokens_per_s_range", "profiled_step", "time_anatomy"}
+               "timed_steps", "tokens_per_s_range", "profiled_step", "time_anatomy", "code", "effective_batch_size"}
 COMPARISON_KEYS = {"speedup_vs_padded", "ideal_speedup", "max_abs_loss_diff_vs_padded",
                    "work_ideal_speedup", "speedup_range", "flags"}
 
@@ -26,13 +27,20 @@ def run_cli(*args, timeout=240):
 def test_compare_writes_every_contract_key(tmp_path):
     out = tmp_path / "run.json"
     done = run_cli("compare", "--model", "tiny-llama", "--dataset", "flan-like", "--samples", "64", "--collators",
-                   "padded,flatten", "--steps", "3", "--batch-size", "4", "--seed", "1", "--json", str(out))
+                   "padded,flatten", "--steps", "3", "--batch-size", "4", "--seed", "1", "--json", str(out),
+                   "--report", str(tmp_path / "run.html"))
     assert done.returncode == 0, done.stderr
+    # The report: one HTML file with its figures inside, and the same as Markdown with its PNGs beside it.
+    page = (tmp_path / "run.html").read_text()
+    assert page.count('<img src="data:image/png;base64,') >= 3 and "train_flatten.py" in page
+    with zipfile.ZipFile(tmp_path / "run-markdown.zip") as archive:
+        assert "report.md" in archive.namelist() and any(name.endswith(".png") for name in archive.namelist())
     document = json.loads(out.read_text())
     assert {"config", "dataset_stats", "results", "comparison"} <= set(document)
     assert [r["collator"] for r in document["results"]] == ["padded", "flatten"]
     for result in document["results"]:
         assert RESULT_KEYS <= set(result)
+        assert result["effective_batch_size"] == 4 and "Trainer(" in result["code"]
         assert len(result["losses"]) == result["steps"] == 3
     for collator in ("padded", "flatten"):
         assert COMPARISON_KEYS <= set(document["comparison"][collator])
@@ -61,8 +69,11 @@ def test_compare_writes_every_contract_key(tmp_path):
     (["--threads", "0"], "threads must be between 1 and"),
     (["--loss-on", "assistant"], "loss on 'assistant' needs conversations"),
     (["--loss-on", "prompt"], "invalid choice: 'prompt'"),
-    (["--grad-accum", "3"], "gradient accumulation steps must divide the batch size 8"),
+    (["--grad-accum", "0"], "grad accum must be between 1 and 256, got 0"),
     (["--unknown-flag"], "unrecognized arguments"),
+    (["--report", "no-such-folder/run.html"], "--report no-such-folder/run.html: the folder no-such-folder does not"),
+    (["--json", "."], "--json . is a folder: give a file name"),
+    (["--emit-code", __file__], "is a file: give a folder"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     # In-process: the same main() the module entry point calls, without paying the imports once per case.

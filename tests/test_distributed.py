@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from transformers import LlamaForCausalLM
 
-from demo_core import DemoInputError, RunConfig, run_comparison
-from demo_core.training import distributed
+from demo_core import DemoInputError, RunConfig, prepare, run_comparison
+from demo_core.training.trainers import training_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = ["--model", "tiny-llama", "--samples", "32", "--collators", "padded,flatten", "--steps", "3", "--device", "cpu",
@@ -63,16 +63,18 @@ def single_process() -> dict:
 def test_two_gloo_ranks_match_the_single_process_run(tmp_path, single_process):
     out = tmp_path / "out"
     out.mkdir()
-    launch = torchrun([*RUN, "--batch-size", "4", "--json", str(out / "result.json")], tmp_path / "logs", 240)
+    # Hugging Face's batch semantics: 2 processes of 2 each train the single process's batch of 4
+    launch = torchrun([*RUN, "--batch-size", "2", "--json", str(out / "result.json")], tmp_path / "logs", 240)
     assert launch.returncode == 0, launch.stdout[-3000:]
     assert [path.name for path in out.iterdir()] == ["result.json"]  # rank 0 alone writes
     document = json.loads((out / "result.json").read_text())
     assert document["environment"]["world_size"] == 2
+    assert document["config"]["effective_batch_size"] == 4 == single_process["config"]["effective_batch_size"]
 
     single = {result["collator"]: result for result in single_process["results"]}
     for result in document["results"]:
         reference = single[result["collator"]]
-        assert result["world_size"] == 2
+        assert result["world_size"] == 2 and result["effective_batch_size"] == 4
         assert len(result["losses"]) == 3
         # The group's step loss is the single-process loss of the same global batch.
         assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < 1e-4
@@ -97,7 +99,7 @@ def test_fsdp_over_two_gloo_ranks_matches_one_process_with_half_the_states_on_ea
     # SGD, not AdamW: AdamW's update hardly changes when every gradient is off by the same factor, SGD's does.
     single_process = one_process("sgd")
     out = tmp_path / "result.json"
-    launch = torchrun([*RUN, "--batch-size", "4", "--optimizer", "sgd", "--fsdp", "--json", str(out)],
+    launch = torchrun([*RUN, "--batch-size", "2", "--optimizer", "sgd", "--fsdp", "--json", str(out)],
                       tmp_path / "logs", 240)
     assert launch.returncode == 0, launch.stdout[-3000:]
     document = json.loads(out.read_text())
@@ -144,16 +146,18 @@ def test_fsdp_is_refused_where_it_cannot_shard(monkeypatch):
 
 
 def test_bad_argument_fails_on_every_rank_alike(tmp_path):
-    launch = torchrun([*RUN, "--batch-size", "3"], tmp_path / "logs", 120)
+    launch = torchrun([*RUN, "--max-length", "99999"], tmp_path / "logs", 120)
     assert launch.returncode != 0
     assert "exitcode  : 2" in launch.stdout  # torchrun's summary names the rank that failed first
     errors = rank_logs(tmp_path / "logs", "stderr")
     assert errors[0] == errors[1]
-    assert errors[0].startswith("error: batch size 3 is the global batch") and errors[0].count("\n") == 1
+    assert errors[0].startswith("error: max length must be between") and errors[0].count("\n") == 1
 
 
-def test_batch_size_is_the_global_batch(monkeypatch):
+def test_batch_size_is_each_processes_micro_batch(monkeypatch):
+    # As every Hugging Face trainer: a step trains batch size x accumulation x processes examples.
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert distributed.per_device_batch_size(8) == 2
-    with pytest.raises(DemoInputError, match="divide evenly over the 4 processes"):
-        distributed.per_device_batch_size(6)
+    prepared = prepare(RunConfig(samples=64, batch_size=3, grad_accum=2, collators=("padded",)))
+    assert prepared.config.batch_size == 3 and prepared.effective_batch_size == 24
+    assert prepared.document_config()["effective_batch_size"] == 24
+    assert training_arguments(prepared.resolved, "unused")["per_device_train_batch_size"] == 3

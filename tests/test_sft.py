@@ -164,7 +164,8 @@ def test_masked_losses_match_padding_through_trainer_and_sftrainer(tmp_path, row
 
 def test_gradient_accumulation_of_4_micro_batches_equals_one_batch_of_8(tmp_path):
     path = write(tmp_path, "alpaca.jsonl", (ALPACA + DOLLY + GSM8K) * 6)
-    one, four = (_run(path, batch_size=8, grad_accum=n) for n in (1, 4))
+    # Hugging Face's batch semantics: accumulation multiplies the per-device micro-batch
+    one, four = (_run(path, batch_size=8 // n, grad_accum=n) for n in (1, 4))
     assert four["config"]["grad_accum"] == 4
     for whole, accumulated in zip(one["results"], four["results"]):
         name = whole["collator"]

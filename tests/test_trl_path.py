@@ -58,9 +58,9 @@ def test_sft_config_follows_the_run_not_trl_defaults(tmp_path, checkpointing, lo
     assert padding_free.activation_checkpointing is bfd.activation_checkpointing is checkpointing
     assert (padding_free.padding_free, padding_free.packing, padding_free.max_length) == (True, False, None)
     assert (bfd.packing, bfd.packing_strategy, bfd.max_length) == (True, "bfd", 128)
-    # Which tokens carry loss is TRL's own switch; the batch is 2 micro-batches of 2.
+    # Which tokens carry loss is TRL's own switch; the batch is 2 micro-batches of 4 (accumulation multiplies).
     assert (bfd.completion_only_loss, bfd.assistant_only_loss) == (loss_on == "completion", loss_on == "assistant")
-    assert (bfd.per_device_train_batch_size, bfd.gradient_accumulation_steps) == (2, 2)
+    assert (bfd.per_device_train_batch_size, bfd.gradient_accumulation_steps) == (4, 2)
 
 
 def test_preview_shows_trl_batches_like_their_engine_twins():

@@ -19,7 +19,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from demo_core.attention.capability import resolve_attention  # the engine's own attention choice
 from demo_core.config import (
     ATTENTION,
+    BATCH_SIZE,
     ESTIMATE_OPTIMIZER_NAMES,
+    GRAD_ACCUM,
     GRADIENT_CHECKPOINTING,
     LORA_RANK,
     LORA_TARGETS,
@@ -64,8 +66,8 @@ class PlanRequest:
     model: str = setting(builtins=lambda: tuple(shipped_configs()), api=0, page=Widget(1),
                          help="a shipped config of a real model, a preset (tiny-llama, llama-1b, ...), or a hub id "
                               "whose config.json is in the local cache (the CLI also reads a folder)")
-    batch_size: int = setting(8, minimum=1, api=1, page=Widget(2, label="Batch size per device", row="shape"),
-                              help="examples per step and device")
+    batch_size: int = BATCH_SIZE.placed(api=1, page=Widget(2, kind="number", label="Batch size per device",
+                                                           row="shape"))
     seq_length: int = setting(2048, minimum=2, api=2, page=Widget(3, label="Sequence length", row="shape"),
                               help="tokens per example; with a length profile, examples are cut to this length")
     dataset: str | None = setting(None, api=3, page=Widget(4, kind="dropdown", label="Lengths",
@@ -112,8 +114,7 @@ class PlanRequest:
     optimizer_impl: str = setting("auto", choices=OPTIMIZER_IMPL_CHOICES,
                                   help="AdamW's step: fused (auto: Trainer's adamw_torch_fused, no scratch), foreach "
                                        "(a copy of the states), single-tensor (a per-tensor loop)")
-    grad_accum: int = setting(1, minimum=1, help="micro-batches per optimizer step (gradients live through the "
-                                                 "later forwards)")
+    grad_accum: int = GRAD_ACCUM.placed()  # with more than one, gradients live through the later forwards
     keep_gradients: bool = setting(False, help="zero_grad(set_to_none=False), torch < 2.0: gradients live through "
                                                "every step")
     cuda_module_loading: str = setting("lazy", choices=CUDA_MODULE_LOADING_NAMES,
@@ -131,7 +132,7 @@ class PlanRequest:
         full, or TRL's chunked LM head)."""
         shared = {name: getattr(run, name) for name in shared_names(type(run), cls)}
         return cls(model=run.model, precision=run.precision, optimizer=run.optimizer, device=run.device,
-                   grad_accum=run.grad_accum, base_dtype="fp32", loss=loss, **shared)
+                   base_dtype="fp32", loss=loss, **shared)
 
     def validated(self) -> "PlanRequest":
         """A normalised copy, or DemoInputError naming the first bad field (the CLI, page and API all call it): the

@@ -210,6 +210,8 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         profiled_steps=profiler.profiled,
         step_anatomies=profiler.step_anatomies,
         stop_reason=out_of_memory,
+        effective_batch_size=(trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+                              * trainer.args.world_size),
     )
 
 

@@ -1,4 +1,5 @@
-"""Several processes (torchrun / accelerate launch): who we are, how the batch splits, and the group's view of a burst.
+"""Several processes (torchrun / accelerate launch): who we are and the group's view of a burst (each process trains its
+own micro-batches of `--batch-size`, as every Hugging Face trainer does: batch_semantics.py).
 
 Both launchers start one process per device and export RANK and WORLD_SIZE before our code runs, so `rank()` and
 `world_size()` read the environment: they give the same answer before Trainer creates the process group (argument
@@ -39,19 +40,6 @@ def rank() -> int:
 
 def is_main_process() -> bool:
     return rank() == 0
-
-
-def per_device_batch_size(batch_size: int, grad_accum: int = 1) -> int:
-    """`--batch-size` is the global batch (examples per optimizer step, as in one process); each rank takes a share,
-    in `grad_accum` micro-batches."""
-    processes = world_size()
-    if batch_size % processes:
-        raise DemoInputError(f"batch size {batch_size} is the global batch and must divide evenly over the "
-                             f"{processes} processes (per process: batch size / {processes})")
-    if batch_size % (processes * grad_accum):
-        raise DemoInputError(f"batch size {batch_size} must divide evenly into {grad_accum} gradient accumulation "
-                             f"micro-batches on each of the {processes} processes")
-    return batch_size // (processes * grad_accum)
 
 
 def check_fsdp(fsdp: bool, device: str, config: PretrainedConfig) -> None:

@@ -65,15 +65,15 @@ def slots_per_step(prepared: Prepared) -> dict[str, float]:
     """Token slots one step computes, per collator, averaged over one pass through the data: the same for any
     number of steps, so that a run's predicted time is linear in its steps."""
     config, examples = prepared.config, prepared.examples
-    costs = padded_step_costs(examples, config.batch_size, math.ceil(len(examples) / config.batch_size),
-                              config.grad_accum)
+    per_step = config.examples_per_step
+    costs = padded_step_costs(examples, per_step, math.ceil(len(examples) / per_step), config.grad_accum)
     real = sum(tokens for tokens, _ in costs) / len(costs)
     padded = sum(slots for _, slots in costs) / len(costs)
     total_tokens = sum(len(ids) for ids in examples)
     slots = {}
     for spec in prepared.specs:
         if spec.packed_rows:  # rows filled up to max_length (an upper bound: the last rows are emptier)
-            slots[spec.name] = min(config.batch_size * config.max_length, total_tokens)
+            slots[spec.name] = min(per_step * config.max_length, total_tokens)
         else:
             slots[spec.name] = padded if spec.layout == "padded" else real
     return slots

@@ -63,8 +63,6 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     only its display name, so the documents record the name and `data.file_record`, never the server path."""
     limits = limits or Limits()
     config = config.validated(limits)
-    # fails on every rank alike, before any collective
-    distributed.per_device_batch_size(config.batch_size, config.grad_accum)
     device = resolve_device(config.device)
     precision = precisions.resolve(config.precision, device)
     source = load_model_source(config.model)
@@ -86,9 +84,11 @@ def prepare(config: RunConfig, limits: Limits | None = None, dataset_file: str |
     attention = exact_attention(source, config.attention, device, config.collators)
     dataset = data.load(config.dataset if dataset_file is None else os.fspath(dataset_file), source.tokenizer,
                         config.samples, config.seed, config.max_length, limits.max_upload_bytes, config.loss_on)
-    if config.batch_size > len(dataset.examples):
-        dataset.notes.append(f"batch size {config.batch_size} is more than the {len(dataset.examples)} examples: "
-                             f"every step trains on all {len(dataset.examples)}")
+    per_step = config.examples_per_step * distributed.world_size()
+    if per_step > len(dataset.examples):
+        dataset.notes.append(f"a step's {per_step} examples (batch size {config.batch_size} × {config.grad_accum} "
+                             f"accumulation × {distributed.world_size()} processes) are more than the "
+                             f"{len(dataset.examples)} examples: every step trains on all {len(dataset.examples)}")
     resolved = config.resolved(device=device, precision=precision, attention=attention,
                                threads=resolve_threads(config.threads, device), loss_on=dataset.loss_on)
     return Prepared(config, resolved, source, dataset)
@@ -104,12 +104,12 @@ def _first_batch(prepared: Prepared, spec: CollatorSpec) -> dict:
     loss (each example's first, padding, and the prompt's when the loss is on the completion or assistant)."""
     config, dataset = prepared.config, prepared.dataset
     if spec.packed_rows:
-        rows = prepared.rows.packed[: config.micro_batch_size]
+        rows = prepared.rows.packed[: config.batch_size]
         features = [{"input_ids": ids, "labels": labels, "seq_lengths": lengths}
                     for ids, labels, lengths in zip(rows["input_ids"], rows["labels"], rows["seq_lengths"])]
     else:
         features = [{"input_ids": ids, "labels": labels} for ids, labels in
-                    zip(dataset.examples[: config.micro_batch_size], dataset.labels)]
+                    zip(dataset.examples[: config.batch_size], dataset.labels)]
     collator = spec.collate(prepared.source.tokenizer)
     batch = collator(features)
     stats = collator.pending_stats.popleft()
@@ -131,8 +131,8 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
     would give on each GPU type (`gpu_predictions`: per collator tokens/s, step time and speedup over padded)."""
     prepared = _prepared(run, limits)
     config, examples = prepared.config, prepared.examples
-    lengths = [len(ids) for ids in examples[: config.micro_batch_size]]
-    padded_costs = padded_step_costs(examples, config.batch_size, config.steps, config.grad_accum)
+    lengths = [len(ids) for ids in examples[: config.batch_size]]
+    padded_costs = padded_step_costs(examples, config.examples_per_step, config.steps, config.grad_accum)
     return {
         "config": config.to_dict(),
         "dataset_stats": prepared.dataset.stats_dict(),
@@ -143,7 +143,8 @@ def preview(run: RunConfig | Prepared, limits: Limits | None = None, earlier_run
         "batches": {spec.name: _first_batch(prepared, spec) for spec in prepared.specs},
         "cost": {
             "pad_fraction": 1.0 - sum(r for r, _ in padded_costs) / sum(s for _, s in padded_costs),
-            "ideal_speedup": ideal_speedup(examples, config.batch_size, config.steps, grad_accum=config.grad_accum),
+            "ideal_speedup": ideal_speedup(examples, config.examples_per_step, config.steps,
+                                           grad_accum=config.grad_accum),
             # Attention scores for the first (micro-)batch: per-segment (varlen/flash) vs padded grid vs dense
             # packed mask.
             "attention_scores_varlen": sum(n * n for n in lengths),

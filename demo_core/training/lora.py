@@ -33,13 +33,17 @@ from demo_core.models.lora import is_lora_target
 LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 x rank: a common choice, and the scaling lora.py's imitation computes
 
 
+def lora_arguments(rank: int, targets: tuple[str, ...]) -> dict:
+    """peft's `LoraConfig` arguments of a burst (and of its emitted script, recipe.py)."""
+    return dict(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                target_modules=LORA_ALL_LINEAR if targets == (LORA_ALL_LINEAR,) else list(targets))
+
+
 def lora_config(rank: int, targets: tuple[str, ...], fan_in_fan_out: bool = False):
     """`fan_in_fan_out` for weights stored (in, out), GPT-2's Conv1D (peft would warn and set it itself)."""
     from peft import LoraConfig  # imported when a LoRA run needs it: a full fine-tune never loads peft
 
-    return LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, bias="none",
-                      task_type="CAUSAL_LM", fan_in_fan_out=fan_in_fan_out,
-                      target_modules=LORA_ALL_LINEAR if targets == (LORA_ALL_LINEAR,) else list(targets))
+    return LoraConfig(**lora_arguments(rank, targets), fan_in_fan_out=fan_in_fan_out)
 
 
 def check_lora_targets(config: PretrainedConfig, model_name: str, targets: tuple[str, ...]) -> None:

@@ -46,7 +46,6 @@ from demo_core.memory import estimate as memory_estimate
 from demo_core.memory.plan_request import PlanRequest, training_settings
 from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.segments import bucket_shapes
-from demo_core.training.distributed import world_size
 from demo_core.training.prepared import Prepared
 from demo_core.training.turns import takes_turns
 
@@ -226,13 +225,12 @@ def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max
 
 def predict(prepared: Prepared, batch_size: int | None = None, max_length: int | None = None,
             available: int | None = None) -> RunMemory:
-    """The run's predicted peak, at its own settings or at another global `batch_size` / `max_length` (examples per
-    optimizer step over all processes and micro-batches)."""
+    """The run's predicted peak, at its own settings or at another per-device `batch_size` / `max_length`. One
+    forward at a time: with gradient accumulation or several processes, each forward is one micro-batch."""
     config = prepared.config
-    # One forward at a time: with gradient accumulation, a micro-batch of the global batch per device.
-    per_device = (batch_size or config.batch_size) // (world_size() * config.grad_accum)
     length = max_length or config.max_length
-    collators = tuple(collator_memory(prepared, spec, max(per_device, 1), length) for spec in prepared.specs)
+    collators = tuple(collator_memory(prepared, spec, batch_size or config.batch_size, length)
+                      for spec in prepared.specs)
     return RunMemory(prepared.resolved.device, takes_turns(prepared.resolved.device) and len(collators) > 1, collators, available)
 
 
@@ -253,17 +251,15 @@ def _largest(fits, low: int, high: int) -> int | None:
 
 
 def largest_settings(prepared: Prepared, available: int) -> dict[str, int | None]:
-    """The largest max length (at the run's batch size) and global batch size (at its max length) that fit
+    """The largest max length (at the run's batch size) and per-device batch size (at its max length) that fit
     `available`, or None where even the smallest does not."""
     config = prepared.config
-    forwards = world_size() * config.grad_accum  # a global batch is this many micro-batches
 
     def fits(**change) -> bool:
         return predict(prepared, **change).predicted_peak_bytes <= available
 
-    micro = _largest(lambda b: fits(batch_size=b * forwards), 1, config.batch_size // forwards)
     return {"max_length": _largest(lambda n: fits(max_length=n), 2, config.max_length),
-            "batch_size": None if micro is None else micro * forwards}
+            "batch_size": _largest(lambda b: fits(batch_size=b), 1, config.batch_size)}
 
 
 def _gb(count: int) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
 import platform
 
 import torch
 import transformers
 
+from demo_core.batch_semantics import PER_DEVICE
 from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import RunConfig
 from demo_core.data import loading as data
@@ -23,6 +25,7 @@ from demo_core.training.trainers import TrainingRows
 
 # What the documents' `config` records beside the settings as asked (e.g. "resolved_attention": "varlen").
 RESOLVED_IN_DOCUMENTS = ("attention", "device", "precision", "threads", "loss_on", "gradient_checkpointing")
+LIBRARIES = ("trl", "peft", "datasets", "accelerate")  # versions in `environment`, besides torch and transformers
 
 
 @dataclasses.dataclass
@@ -46,9 +49,14 @@ class Prepared:
     def rows(self) -> TrainingRows:
         return TrainingRows(self.dataset, self.config.max_length)
 
+    @property
+    def effective_batch_size(self) -> int:
+        """Examples (bfd: rows) per optimizer step over every process and micro-batch."""
+        return self.config.examples_per_step * distributed.world_size()
+
     @functools.cached_property
     def ideal_speedup(self) -> float:
-        return ideal_speedup(self.examples, self.config.batch_size, self.config.steps, distributed.world_size(),
+        return ideal_speedup(self.examples, self.effective_batch_size, self.config.steps, distributed.world_size(),
                              grad_accum=self.config.grad_accum)
 
     @functools.cached_property
@@ -63,9 +71,12 @@ class Prepared:
             return None
 
     def document_config(self) -> dict:
-        """The documents' `config`: the settings as asked, and what the engine resolved of them."""
+        """The documents' `config`: the settings as asked, what the engine resolved of them, and what the batch size
+        means (batch_semantics.py)."""
         return {**self.config.to_dict(),
-                **{f"resolved_{name}": getattr(self.resolved, name) for name in RESOLVED_IN_DOCUMENTS}}
+                **{f"resolved_{name}": getattr(self.resolved, name) for name in RESOLVED_IN_DOCUMENTS},
+                "batch_semantics": PER_DEVICE, "effective_batch_size": self.effective_batch_size,
+                "model_type": self.source.config.model_type}
 
     def comparison(self, results: list[Result], contamination: list[dict] | None = None,
                    contamination_not_checked: str | None = None, memory: dict | None = None) -> Comparison:
@@ -85,8 +96,10 @@ class Prepared:
 
 
 def environment(device: str) -> dict:
+    """The machine and the libraries a run trained with (trl, peft and datasets too: an emitted script needs them)."""
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "device": device, "cpu_threads": torch.get_num_threads(), "world_size": distributed.world_size()}
+            "device": device, "cpu_threads": torch.get_num_threads(), "world_size": distributed.world_size(),
+            **{name: importlib.metadata.version(name) for name in LIBRARIES}}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info

@@ -29,7 +29,7 @@ from demo_core.collators import CollatorSpec, RecordingCollator
 from demo_core.config import RunConfig
 from demo_core.data.schemas import CHAT_PROMPT_COMPLETION, CONVERSATION
 from demo_core.precision import PRECISIONS
-from demo_core.training.distributed import FSDPTrainerMixin, fsdp_training_arguments, per_device_batch_size, world_size
+from demo_core.training.distributed import FSDPTrainerMixin, fsdp_training_arguments, world_size
 
 if TYPE_CHECKING:
     from demo_core.data.loading import TokenizedDataset
@@ -158,8 +158,8 @@ def training_arguments(run: RunConfig, output_dir: str, sampler: str = "sequenti
     return dict(
         output_dir=output_dir,
         max_steps=run.steps,
-        # batch_size is examples (bfd: rows) per optimizer step, over all processes and micro-batches
-        per_device_train_batch_size=per_device_batch_size(run.batch_size, run.grad_accum),
+        # Hugging Face's batch semantics (batch_semantics.py): the per-device micro-batch, examples (bfd: rows)
+        per_device_train_batch_size=run.batch_size,
         gradient_accumulation_steps=run.grad_accum,
         learning_rate=run.learning_rate,
         lr_scheduler_type="constant",
@@ -190,11 +190,11 @@ def training_arguments(run: RunConfig, output_dir: str, sampler: str = "sequenti
     )
 
 
-def sft_config(spec: CollatorSpec, output_dir: str, run: RunConfig) -> SFTConfig:
-    """TRL does not enforce `max_length` without packing, so it is None then (build_trainer truncates TRL's rows).
-    Which tokens carry loss is TRL's own switch: `completion_only_loss` / `assistant_only_loss`."""
-    return SFTConfig(
-        **training_arguments(run, output_dir, spec.sampler),
+def sft_arguments(spec: CollatorSpec, run: RunConfig) -> dict:
+    """SFTConfig's own arguments for a TRL burst (and its emitted script, recipe.py). TRL does not enforce
+    `max_length` without packing, so it is None then (build_trainer truncates TRL's rows). Which tokens carry loss is
+    TRL's own switch: `completion_only_loss` / `assistant_only_loss`."""
+    return dict(
         padding_free=True,
         packing=spec.packed_rows,
         packing_strategy="bfd",
@@ -202,6 +202,10 @@ def sft_config(spec: CollatorSpec, output_dir: str, run: RunConfig) -> SFTConfig
         completion_only_loss=run.loss_on == "completion",
         assistant_only_loss=run.loss_on == "assistant",
     )
+
+
+def sft_config(spec: CollatorSpec, output_dir: str, run: RunConfig) -> SFTConfig:
+    return SFTConfig(**training_arguments(run, output_dir, spec.sampler), **sft_arguments(spec, run))
 
 
 def build_trainer(spec: CollatorSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
