@@ -35,7 +35,7 @@ def process_cpu_rates(threads: int | None) -> CpuRates:
 
 
 def _settings(run: RunConfig, precision: str, weights: str, attention: str) -> RunSettings:
-    return RunSettings(batch_size=run.micro_batch_size, grad_accum=run.grad_accum, precision=precision,
+    return RunSettings(batch_size=run.batch_size, grad_accum=run.grad_accum, precision=precision,  # per device
                        weights=weights, attention=attention, lora_rank=run.lora_rank, qlora=run.qlora,
                        gradient_checkpointing=bool(run.gradient_checkpointing), max_length=run.max_length,
                        optimizer=run.optimizer)
