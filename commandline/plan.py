@@ -11,7 +11,7 @@ from demo_core.memory.plan_request import PlanRequest
 from demo_core.memory.planner import plan
 from demo_core.results import write_json
 from demo_core.settings import add_arguments, from_arguments
-from presentation.plan_views import format_plan, plan_document
+from presentation.plan_text import format_plan, plan_document
 
 
 def add_plan_parser(commands) -> None:

@@ -7,12 +7,15 @@ Public API (what the CLI and the app use; nothing here imports gradio):
 - `COLLATORS` (the collator registry), the choices for the other settings, `PRESETS`, `BUILTIN_DATASETS`;
 - the memory planner: `plan(PlanRequest) -> Plan`, `device_estimate`, `shipped_configs`;
 - `settings`: the declaration every setting of `RunConfig` and `PlanRequest` is made with (CLI, page, API derive from it);
-- `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads.
+- `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads;
+- `release_caches()`: empties every cache the engine keeps across calls (each is bounded) and hands the freed memory
+  back to the system.
 
 The engine returns numbers; the figures, tables and sentences that show them are the `presentation` package's.
 """
 
 from demo_core import settings
+from demo_core.caches import release_caches
 from demo_core.collators import COLLATORS, CollatorSpec
 from demo_core.config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
 from demo_core.data.loading import BUILTIN_DATASETS
@@ -30,4 +33,4 @@ __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "
            "DeviceEstimate", "EQUAL_LENGTHS", "GIB", "Limits", "MEMORY_CATEGORIES",
            "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Plan", "PlanRequest", "Prepared", "Result", "RunConfig",
            "device_estimate", "initialize_profiler", "plan", "prepare",
-           "preview", "run_comparison", "settings", "shipped_configs", "write_json"]
+           "preview", "release_caches", "run_comparison", "settings", "shipped_configs", "write_json"]

@@ -168,7 +168,7 @@ class Setting:
         return f"{self.words} {value}"
 
 
-@functools.cache
+@functools.cache  # unbounded on purpose: one entry per dataclass declared with setting()
 def declared(cls: type) -> tuple[Setting, ...]:
     """The settings of a dataclass declared with `setting()`, in field order. A plain field (no `setting()`) fails
     loudly: give it a help line at least, so that the CLI explains it."""

@@ -1,7 +1,6 @@
-"""A memory plan (demo_core's planner) shown: its summary in markdown and its two figures, matplotlib `Figure` objects,
-never pyplot (a long-running server must not keep them in a registry).
+"""A memory plan (demo_core's planner) drawn: its two figures, matplotlib `Figure` objects, never pyplot (a long-running
+server must not keep them in a registry). Its words are plan_text.py's.
 
-- `summary_markdown(plan)`: the model, the peak per device, which GPU sizes it fits, the largest batch and length;
 - `bars_figure(padded, packed, ...)`: what is alive at each layout's peak, stacked by category, GPU sizes across;
 - `scaling_figure(plan)`: the peak against the sequence length, padded and packed.
 """
@@ -17,71 +16,6 @@ from presentation.figure_text import TITLE_CHARS_PER_IN, BarLabel, axes_sizes_pt
 from presentation.plots import FIGURE_DPI, MEMORY_CATEGORY_COLORS, RESULT_WIDTH_IN
 
 GPU_LINE_COLORS = {24: "#59a14f", 40: "#f28e2b", 80: "#e15759", 141: "#7a0019"}
-
-
-def fit_basis_words(document: dict) -> str:
-    """Which number a plan's fits were decided on and the margin kept, in words (the page and the CLI)."""
-    return (f"fits are decided on the device's used memory as nvidia-smi shows it, "
-            f"{document['device_used_bytes'] / GIB:,.2f} GiB, plus a margin of {document['margin_bytes'] / GIB:,.2f} "
-            f"GiB (the spread of published allocator and CUDA-context measurements)")
-
-
-def largest_fit_words(document: dict) -> str:
-    """The largest batch size and sequence length that fit the asked GPU size, in words (the page and the CLI),
-    saying so, with what to change, when not even one example or two tokens fit."""
-    request, gpu = document["request"], f"{document['gpu_gb']:g} GB"
-    batch = (f"largest batch size {document['max_batch_size']} at {request['seq_length']:,} tokens"
-             if document["max_batch_size"] else f"not one example of {request['seq_length']:,} tokens fits")
-    length = (f"longest sequence {document['max_seq_length']:,} tokens at batch size {request['batch_size']}"
-              if document["max_seq_length"] else f"no length fits at batch size {request['batch_size']}")
-    stuck = not (document["max_batch_size"] and document["max_seq_length"])
-    changes = changes_that_need_less(request)
-    hint = f" ({', '.join(changes[:-1])} or {changes[-1]} need less)" if stuck and len(changes) > 1 else (
-        f" ({changes[0]} needs less)" if stuck and changes else "")
-    return f"on {gpu}: {batch}; {length}{hint}"
-
-
-def changes_that_need_less(request: dict) -> list[str]:
-    """What would lower a plan's memory that its request has not done already."""
-    changes = []
-    if not request["lora_rank"]:
-        changes.append("LoRA")
-    elif not request["qlora"]:
-        changes.append("QLoRA (a 4-bit base)")
-    if request["optimizer"] in ("adamw", "sgd") and not request["lora_rank"]:  # adapters' states are small
-        changes.append("8-bit AdamW")
-    if not request["gradient_checkpointing"]:
-        changes.append("gradient checkpointing")
-    if request["shard"] not in ("zero3", "fsdp"):
-        changes.append("sharding over more GPUs")
-    return changes
-
-
-def plan_document(result: Plan) -> dict:
-    """A plan's JSON document (`plan --json`, `/plan`): the planner's numbers and the sentence on what fits are
-    decided on (`fit_words`)."""
-    document = result.to_dict()
-    return {**document, "fit_words": fit_basis_words(document)}
-
-
-def summary_markdown(result: Plan) -> str:
-    device, request, fit_words = result.device, result.request, largest_fit_words(result.to_dict())
-    fits = " · ".join(f"{gb} GB: {'fits ✅' if ok else 'does not fit ❌'}" for gb, ok in result.fits.items())
-    training = (f"LoRA r={request.lora_rank}" + (" on a 4-bit base (QLoRA)" if request.qlora else "")
-                if request.lora_rank else "full fine-tune")
-    memory = device.memory
-    lines = [
-        f"**{request.model}**: {device.params / 1e9:.2f}B parameters, {device.trainable_params / 1e6:,.1f}M "
-        f"trained ({training}); attention `{result.attention}`.",
-        f"**Peak per device: {device.peak_bytes / GIB:,.1f} GiB** of live tensors at `{device.peak_moment}` "
-        f"(max_memory_allocated); {memory.reserved.bytes / GIB:,.1f} GiB reserved by PyTorch's caching allocator "
-        f"(max_memory_reserved); **{memory.device_used.bytes / GIB:,.1f} GiB used on the card** as nvidia-smi "
-        f"shows it (+ CUDA context). Per card size: {fits}.",
-        f"Fits and the largest sizes are decided on the card's used memory plus a margin of "
-        f"{memory.margin_bytes / GIB:,.1f} GiB. {fit_words[:1].upper()}{fit_words[1:]}.",
-    ]
-    notes = "\n".join(f"- {note}" for note in result.notes)
-    return "\n\n".join(lines + ([notes] if notes else []))
 
 
 def _gpu_lines(axes) -> None:
@@ -163,52 +97,4 @@ def scaling_figure(result: Plan, width_in: float = RESULT_WIDTH_IN, *, dpi: floa
                               f"vertical line: the length asked", int(width_in * TITLE_CHARS_PER_IN)), fontsize=10)
     return figure
 
-
-# ---- the CLI's text ------------------------------------------------------------------------------------------------
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / GIB:,.2f}"
-
-
-def format_plan(document: dict) -> str:
-    """A plan document as the CLI prints it: the request, memory per device by category, the three numbers with
-    what each predicts, which GPU sizes fit, the largest sizes and the curve over sequence lengths."""
-    request = document["request"]
-    lora = f", LoRA r={request['lora_rank']}" + (" (QLoRA 4-bit base)" if request["qlora"] else "") \
-        if request["lora_rank"] else ", full fine-tune"
-    batch = (f"{request['batch_size']} examples of {request['dataset']} cut to {request['seq_length']}"
-             if request["dataset"] else f"{request['batch_size']} x {request['seq_length']} tokens")
-    base = f"{request['base_dtype']} base" + (f", {request['adapter_dtype']} adapters" if request["lora_rank"] else "")
-    lines = [
-        f"{document['model']} ({document['config']} {document['model_head']}, {document['params'] / 1e9:.2f}B "
-        f"params, {document['trainable_params'] / 1e6:,.1f}M trainable{lora})",
-        f"batch {batch}, {'packed' if request['packed'] else 'padded'}, {request['precision']} ({base}), "
-        f"{request['optimizer']} ({request['optimizer_impl']}), {request['loss']} loss, attention "
-        f"{document['attention']}"
-        + (", gradient checkpointing" if request["gradient_checkpointing"] else "")
-        + (f", {request['grad_accum']} micro-batches per step" if request["grad_accum"] > 1 else "")
-        + (f", {request['gpus']} GPUs ({request['shard']})" if request["gpus"] > 1 else ""),
-        "",
-        f"{'per device':<18}{'GiB':>8}",
-    ]
-    lines += [f"  {category:<16}{_gib(document['per_device'][category]):>8}" for category in CATEGORIES]
-    low, high = document["device_used_range_bytes"]
-    lines += [
-        f"  {'live peak':<16}{_gib(document['total_bytes']):>8}  at {document['peak_moment']} "
-        f"(max_memory_allocated)",
-        f"  {'reserved':<16}{_gib(document['reserved_bytes']):>8}  (max_memory_reserved: + allocator rounding, "
-        f"workspaces, cache)",
-        f"  {'device used':<16}{_gib(document['device_used_bytes']):>8}  (nvidia-smi: + CUDA context, NCCL; "
-        f"range {_gib(low)}-{_gib(high)})",
-        "",
-        "fits: " + "  ".join(f"{gb} GB {'yes' if ok else 'no'}" for gb, ok in document["fits"].items()),
-        document["fit_words"],
-        largest_fit_words(document),
-        "",
-        "seq length   padded GiB   packed GiB   (device used)",
-    ]
-    lines += [f"  {row['seq_length']:>9,}   {_gib(row['padded_bytes']):>10}   {_gib(row['packed_bytes']):>10}"
-              for row in document["scaling"]]
-    lines += [f"note: {note}" for note in document["notes"]]
-    return "\n".join(lines)
 

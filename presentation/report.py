@@ -112,6 +112,7 @@ def contamination_table(document: dict) -> list[list]:
              f"{row['naive_concat_max_abs_logit_diff']:.1e}"] for row in document["contamination"]]
 
 
+HYBRID_HAZARD_KEY = "flatten_without_per_example_mixers_max_abs_logit_diff"  # attention/contamination.py's rows
 CONTAMINATION_TITLE = ("Contamination check: logits of each example inside the packed row vs the example alone "
                        "(≈1e-6 is float rounding; naive concat moves them by O(1))")
 
@@ -445,6 +446,9 @@ def format_report(document: dict) -> str:
             f"contamination check ({len(contamination)} examples): max |Δlogit| vs each example alone: "
             f"flatten {max(r['flatten_max_abs_logit_diff'] for r in contamination):.1e}, "
             f"naive-concat {max(r['naive_concat_max_abs_logit_diff'] for r in contamination):.1e}"
+            + (f"; padding-free without per-example mixers (this hybrid's state crossing examples) "
+               f"{max(r[HYBRID_HAZARD_KEY] for r in contamination):.1e}"
+               if HYBRID_HAZARD_KEY in contamination[0] else "")
         )
     elif contamination_skipped(document):
         lines += ["", f"contamination check: not checked, {contamination_skipped(document)}"]

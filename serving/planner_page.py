@@ -28,7 +28,8 @@ from demo_core import (
     shipped_configs,
 )
 from demo_core.settings import page_settings
-from presentation.plan_views import bars_figure, plan_document, scaling_figure, summary_markdown
+from presentation.plan_text import plan_document, summary_markdown
+from presentation.plan_views import bars_figure, scaling_figure
 from presentation.plots import RESULT_WIDTH_IN
 from serving.api_docs import documented_api, settings_endpoint
 from serving.errors import user_errors

@@ -15,6 +15,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import demo_core  # noqa: E402  (after the variables: it imports huggingface_hub)
+
+pytest_plugins = ["memory_log"]  # PACKING_LAB_MEMORY_LOG=<file>: resident memory after every test (memory_log.py)
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -39,6 +43,15 @@ def lab_app(tmp_path_factory):
         app.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True)
         yield app
         app.demo.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_what_the_file_built():
+    """After each test file, the engine's caches are emptied and freed memory goes back to the system: what one file
+    fitted, checked or built never stays resident under the next (the suite's peak is its largest file's, not the
+    sum of them)."""
+    yield
+    demo_core.release_caches()
 
 
 @pytest.fixture(scope="module")

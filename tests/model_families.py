@@ -90,11 +90,15 @@ FAMILIES = [
     Family("gptj", "interleaved rotary", lambda: transformers.GPTJConfig(**GPT_STYLE, rotary_dim=8, n_inner=128)),
     Family("codegen", "interleaved rotary, fused qkv", lambda: transformers.CodeGenConfig(
         **GPT_STYLE, rotary_dim=8, n_inner=128)),
-    Family("lfm2", "hybrid: short convolutions", _small(
-        "Lfm2Config", layer_types=["conv", "full_attention"]), refused="packed row"),
-    Family("bamba", "hybrid: Mamba-2 layers", _small(
+    # per-example mixers (demo_core/models/hybrid_mixers.py; every covered hybrid: tests/test_hybrid_packing.py)
+    Family("lfm2", "hybrid: short convolutions, run per example", _small(
+        "Lfm2Config", layer_types=["conv", "full_attention"])),
+    Family("bamba", "hybrid: Mamba-2 layers, run per example", _small(
         "BambaConfig", attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
-        mamba_d_state=8, mamba_chunk_size=16), refused="packed row"),
+        mamba_d_state=8, mamba_chunk_size=16)),
+    Family("nemotron_h", "hybrid: Mamba-2 layers per-example mixers do not cover", _small(
+        "NemotronHConfig", hybrid_override_pattern="M*", mamba_num_heads=8, mamba_head_dim=16, n_groups=1,
+        ssm_state_size=8, chunk_size=16, head_dim=16), refused="packed row"),
     Family("falcon", "attention in its own code", lambda: transformers.FalconConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
         pad_token_id=0, bos_token_id=None, eos_token_id=1, new_decoder_architecture=True),

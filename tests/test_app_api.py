@@ -226,7 +226,7 @@ def test_picking_a_history_row_redraws_that_run_and_puts_its_settings_back_in_th
         "model": "tiny-llama", "dataset": "flan-like", "samples": 16, "collators": ["padded", "naive-concat"],
         "steps": 2, "batch_size": 4, "attention": "auto", "precision": "auto", "optimizer": "sgd", "seed": 5,
         "max_length": tiny.max_length, "loss_on": "auto", "grad_accum": 1, "lora_rank": 0, "lora_targets": "all-linear",
-        "gradient_checkpointing": False, "learning_rate": tiny.learning_rate}
+        "gradient_checkpointing": "auto", "learning_rate": tiny.learning_rate}
     assert shown[ui.upload] is None
     assert shown[ui.views.batch_plot] is not None and "Before training" in shown[ui.views.cost]
     assert "naive-concat" in shown[ui.views.summary]

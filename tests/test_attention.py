@@ -16,10 +16,10 @@ from demo_core.attention import capability
 from demo_core.attention import kernels as torch_varlen
 from demo_core.attention import varlen as attention
 from demo_core.attention.capability import resolve_attention
-from demo_core.attention.segments import find_segments
 from demo_core.attention.varlen import VARLEN, varlen_attention
 from demo_core.collators import make_collator
 from demo_core.models.sources import PRESETS, load_model_source
+from demo_core.segments import find_segments
 from demo_core.training.engine import prepare
 
 TINY_PRESETS = [name for name in PRESETS if name.startswith("tiny-")]

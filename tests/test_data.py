@@ -206,6 +206,11 @@ def test_each_schema_renders_as_trl_renders_its_layout(tmp_path, tokenizer, reco
     ({"prompt": "Q", "chosen": "good", "rejected": "bad"}, "preference data .* keep 'chosen' as 'completion'"),
     ({"chosen": [{"role": "user", "content": "q"}], "rejected": []}, "preference data"),
     ({"prompt": "Q", "completion": "A", "label": False}, "unpaired preference data .*KTO"),
+    # LLaMA-Factory's KTO layout: a conversation with a true/false label, whose false answers are not to be learned
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": False},
+     "unpaired preference data \\('messages' with a true/false 'label', for KTO\\)"),
+    ({"messages": [{"role": "user", "content": [{"type": "reasoning", "value": "hm"}, "q"]}]},
+     "user message with reasoning or tool-call parts"),
     ({"prompt": "Q"}, "prompt-only data"),
     ({"prompt": "Q", "completions": ["a"], "labels": [True]}, "step-wise supervision"),
     ({"message_id": "m", "parent_id": None, "role": "prompter", "text": "hi"}, "OpenAssistant message"),
@@ -266,3 +271,41 @@ def test_a_tokenizer_without_a_chat_template_renders_conversations_with_the_buil
     dataset = load(write(tmp_path, "chat.jsonl", [record]), tokenizer, 1, 0, 512)
     assert dataset.shown[0]["text"] == f"{USER}q\n{ASSISTANT}a</s>\n"
     assert any("no chat template" in note for note in dataset.notes)
+
+
+CHAT_WITH_PARTS = {"messages": [  # LLaMA-Factory v1's typed content parts
+    {"role": "user", "content": [{"type": "text", "value": "2*3?"}]},
+    {"role": "assistant", "content": [{"type": "reasoning", "value": "two threes"},
+                                      {"type": "tool_calls", "value": json.dumps([{"name": "mul",
+                                                                                   "arguments": {"a": 2, "b": 3}}])}]},
+    {"role": "tool", "content": [{"type": "text", "value": "6"}]},
+    {"role": "assistant", "content": [{"type": "text", "value": "6."}]}]}
+
+
+def test_reasoning_and_tool_call_parts_render_where_the_chat_template_puts_them(tmp_path, tokenizer):
+    dataset = load(write(tmp_path, "parts.jsonl", [CHAT_WITH_PARTS]), tokenizer, 1, 0, 1024, loss_on="assistant")
+    shown = dataset.shown[0]
+    assert shown["loss_text"] == ('<think>two threes</think><tool_call>{"name": "mul", "arguments": {"a": 2, "b": 3}}'
+                                  '</tool_call></s>6.</s>')  # not "two threes[{...}]" glued into the answer
+    assert "two threes" not in shown["text"].split("<think>")[0]
+
+
+def test_reasoning_a_chat_template_never_renders_is_refused_by_name(tmp_path):
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = tokenizer.chat_template.replace("message.reasoning_content", "message.no_such_field")
+    with pytest.raises(DemoInputError, match="reasoning parts .* this tokenizer's chat template never renders"):
+        load(write(tmp_path, "parts.jsonl", [CHAT_WITH_PARTS]), tokenizer, 1, 0, 1024)
+
+
+def test_records_under_one_top_level_key_are_read_as_datasets_reads_them_with_field(tmp_path, tokenizer):
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(3)]
+    for wrapper in ({"train": rows}, {"version": "1.0", "data": rows}):
+        path = write(tmp_path, "wrapped.json", json.dumps(wrapper, indent=2))
+        expected = datasets.load_dataset("json", data_files=path, field=next(k for k in wrapper if k != "version"),
+                                         split="train")
+        assert [raw.value for raw in read_file(tmp_path / "wrapped.json").records] == expected.to_list()
+        assert load(path, tokenizer, 10, 0, 512).stats.count == 3
+    with pytest.raises(DemoInputError, match="keeps records under several keys \\(train, test\\)"):
+        load(write(tmp_path, "splits.json", json.dumps({"train": rows, "test": rows})), tokenizer, 10, 0, 512)
+    one = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    assert load(write(tmp_path, "one.json", json.dumps(one)), tokenizer, 10, 0, 512).stats.count == 1  # a record

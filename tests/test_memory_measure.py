@@ -3,6 +3,7 @@ CUDA and NVML faked at their boundary, there is no GPU here)."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 
 import demo_core.memory.measure as memory
+from demo_core.memory import estimate as memory_estimate
+from demo_core.memory import probe as activation_probe
 from demo_core.memory.estimate import estimate_memory
-from demo_core.memory.step import StepShape
+from demo_core.memory.step import StepShape, TrainingSettings
 
 from tiny_models import build, family_config, padded_batch
 
@@ -60,6 +63,34 @@ def test_meter_leaves_numerics_and_references_alone():
     # hooks removed: a later forward is not metered
     model(**batch, use_cache=False)
     assert len(meter.history) == 1
+
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for value in gc.get_objects() if type(value) is torch.Tensor)
+
+
+def test_a_metered_forward_that_never_runs_backward_leaves_no_tensor_alive():
+    """A forward metered and dropped (a burst stopped mid-step, a forward-only check) frees its graph: a pack hook that
+    kept the saved tensor itself tied a saved output to its own grad_fn, a cycle through C++ that gc cannot collect."""
+    model, batch = build(family_config("llama")), padded_batch([32, 20])
+    before = _live_tensors()
+    with memory.SavedActivationMeter(model):
+        model(**batch, use_cache=False)
+    assert _live_tensors() == before
+
+
+def test_an_activation_fit_leaves_none_of_its_probe_forwards_alive(monkeypatch):
+    """The planner's probes run forwards and never a backward: each kept its whole graph (~190 MB per planned model,
+    11 GB over the planner's tests) while the recorder's pack hook kept the saved tensors themselves."""
+    config, step = family_config("llama"), StepShape(2, 64)
+    spec = memory_estimate._probe_spec(step, TrainingSettings(precision="fp32", attention="sdpa"), checkpointing=False)
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})
+    activation_probe.activation_fit(config, spec)  # the first fit also builds what any later one reuses
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})
+    before = _live_tensors()
+    activation_probe.activation_fit(config, spec)
+    assert _live_tensors() == before
 
 
 def test_meter_excludes_parameter_views():

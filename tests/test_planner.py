@@ -19,7 +19,7 @@ from demo_core.memory.planner import device_estimate, per_device_estimate, plan
 from demo_core.memory.step import StepShape
 from demo_core.models.sources import PRESETS
 from demo_core.training.engine import prepare
-from presentation.plan_views import largest_fit_words
+from presentation.plan_text import largest_fit_words
 
 GIB = 2 ** 30
 SMALL_RUN = dict(model="tiny-llama", dataset="flan-like", samples=24, steps=2, batch_size=4, precision="fp32",

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from transformers import AttentionInterface, Gemma2Config, Lfm2Config, MistralConfig, Starcoder2Config
+from transformers import AttentionInterface, Gemma2Config, MistralConfig, NemotronHConfig, Starcoder2Config
 
 from commandline.main import main
 from demo_core import RunConfig, run_comparison
@@ -34,7 +34,11 @@ def _model_folder(path, config) -> str:
 
 @pytest.fixture(scope="module")
 def hybrid_folder(tmp_path_factory):
-    return _model_folder(tmp_path_factory.mktemp("lfm2"), Lfm2Config(**SMALL, layer_types=["conv", "full_attention"]))
+    """A Mamba-2 hybrid whose mixer models/hybrid_mixers.py does not cover (NemotronH's): transformers' PyTorch
+    fallback raises on a packed row's keys. (The hybrids it covers pack exactly: tests/test_hybrid_packing.py.)"""
+    config = NemotronHConfig(**SMALL, hybrid_override_pattern="M*", mamba_num_heads=8, mamba_head_dim=16, n_groups=1,
+                             ssm_state_size=8, chunk_size=16, head_dim=16)
+    return _model_folder(tmp_path_factory.mktemp("nemotron_h"), config)
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +55,10 @@ def _compare(model, *extra) -> list[str]:
 
 
 @pytest.mark.parametrize("attention, reason", [
-    # transformers 5.24 raises inside the convolution; 5.17 mixes the examples a little (2.6e-4): refused either way
-    ("varlen", "packing check for lfm2 on varlen .cpu.: .*packed row"),
-    ("sdpa", "packing check for lfm2 on sdpa .cpu.: .*packed row"),
-    ("auto", "no attention path computes lfm2 exactly on cpu with these collators: on varlen, sdpa and eager, "),
+    # transformers 5.24 raises inside the convolution without causal-conv1d
+    ("varlen", "packing check for nemotron_h on varlen .cpu.: .*packed row"),
+    ("sdpa", "packing check for nemotron_h on sdpa .cpu.: .*packed row"),
+    ("auto", "no attention path computes nemotron_h exactly on cpu with these collators: on varlen, sdpa and eager, "),
 ])
 def test_a_hybrid_model_folder_is_refused_before_training(capsys, hybrid_folder, attention, reason):
     assert main(_compare(hybrid_folder, "--collators", "padded,flatten", "--attention", attention)) == 2
@@ -92,7 +96,7 @@ def test_refusal_from_the_real_entry_point_has_no_traceback(hybrid_folder):
     done = subprocess.run([sys.executable, "-m", "demo_core", *_compare(hybrid_folder, "--collators", "flatten")],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2
-    assert done.stderr.startswith("error: no attention path computes lfm2 exactly") and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: no attention path computes nemotron_h exactly") and "Traceback" not in done.stderr
 
 
 def test_sliding_window_model_finishes_with_its_contamination_report(window_folder):

@@ -18,8 +18,10 @@ import logging
 
 import torch
 
+from demo_core.attention import hybrid_hazard
 from demo_core.collators import FlattenCollator, NaiveConcatCollator, RecordingCollator
 from demo_core.isolation import exclusive
+from demo_core.models import hybrid_mixers
 from demo_core.models.sources import ModelSource, max_positions
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,12 @@ def _rows(source: ModelSource, attention: str, examples: list[list[int]], device
             "naive_concat_max_abs_logit_diff": float((naive[start:end] - alone).abs().max()),
         })
         start = end
+    if hybrid_mixers.installed_on(model) is not None:
+        # The row above ran the hybrid's mixers per example: beside it, what plain padding-free packing computes with
+        # the mixers transformers ships (a position_ids-only row; hybrid_hazard.py has the keyed one too).
+        hazard = {reading.layout: reading for reading in hybrid_hazard.measure_hazard(model, examples, device)}
+        for row, difference in zip(rows, hazard["position_ids"].max_abs_logit_diff_per_example or ()):
+            row["flatten_without_per_example_mixers_max_abs_logit_diff"] = difference
     return rows
 
 

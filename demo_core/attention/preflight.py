@@ -22,6 +22,7 @@ from transformers.utils import logging as transformers_logging
 
 from demo_core.attention import capability as attention_paths
 from demo_core.attention import varlen
+from demo_core.caches import LRU
 from demo_core.collators import FlattenCollator, PaddedCollator, collator_spec
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
@@ -38,7 +39,10 @@ _SHORT_EXAMPLE = 6
 _LONG_EXAMPLE = 13
 _LONGEST_CHECKED_WINDOW = 64
 
-_passed: set[tuple] = set()
+# The checks that passed, by (model, its config's JSON, attention, device, layouts): a passed check is a model build
+# and five forwards not repeated. 256 entries: every preset on every path and layout, and the local folders a
+# server was asked about, at a few KB of key each.
+_passed: LRU = LRU(max_entries=256)
 
 
 def example_lengths(source: ModelSource) -> tuple[int, int]:
@@ -185,7 +189,7 @@ def check_packing_is_exact(source: ModelSource, attention: str, device: str, col
         if difference > tolerance:
             inexact = Inexact(attention, layout, _mixing(layout, [difference], tolerance), difference)
             raise PackingRefused(inexact, f"{where}: {inexact.cause}")
-    _passed.add(key)
+    _passed[key] = True
 
 
 def _tolerance(attention: str) -> float:

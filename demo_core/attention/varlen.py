@@ -40,8 +40,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from demo_core.attention import kernels as torch_varlen
-from demo_core.attention.segments import Segments, as_numpy, find_segments, segment_cache
 from demo_core.errors import DemoInputError
+from demo_core.segments import Segments, as_numpy, find_segments, segment_cache
 
 VARLEN = "varlen"
 # Arguments that reach attention functions and change nothing here: the segment sources read below, and what

@@ -3,7 +3,8 @@
 Reads what `datasets.load_dataset("json", data_files=...)` reads (measured with datasets 5.2): a UTF-8 byte-order
 mark, JSON Lines whatever the suffix (`.json`, `.jsonl`, `.ndjson`, any case), objects pretty-printed over several
 lines one after another, a top-level list of objects or of strings (a string is a `text` record, as datasets reads
-it). It also unpacks `{"data": [...]}` (datasets would give one row holding the whole list). Unlike datasets, one
+it). It also reads records kept under one top-level key (`{"train": [...]}`, `{"data": [...]}`), as datasets reads
+them when told the key (`field=`; without it datasets gives one row holding the whole list). Unlike datasets, one
 line that is not valid JSON does not refuse the file: the line is skipped and named in a note, and only a file with no
 readable record is refused. A broken top-level list is refused: its items cannot be told apart safely.
 """
@@ -18,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from demo_core.data.schemas import RECORD_COLUMNS
 from demo_core.errors import DemoInputError
 from demo_core.models import hub
 
@@ -101,6 +103,21 @@ def _list_items(text: str, lines: _Lines) -> list[tuple[int, Any]]:
     return items
 
 
+def _records_under_a_key(path: Path, line: int, value: dict) -> list[tuple[int, Any]] | None:
+    """The records of a file that keeps them under one top-level key (`{"train": [...]}`, `{"version": 1, "data":
+    [...]}`), as datasets' JSON loader reads them with `field=`; None when the object is one record itself (a
+    conversation's `messages` is a list of objects too). Several such keys are refused: which one trains is the
+    file owner's choice, not a guess."""
+    if any(column in value for column in RECORD_COLUMNS):
+        return None
+    lists = {key: items for key, items in value.items()
+             if isinstance(items, list) and items and all(isinstance(item, dict) for item in items)}
+    if len(lists) > 1:
+        raise DemoInputError(f"{path.name} keeps records under several keys ({', '.join(lists)}): keep one, as "
+                             f"datasets' JSON loader reads one with field=")
+    return [(line, item) for item in next(iter(lists.values()))] if lists else None
+
+
 def _line_by_line(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
     """JSON Lines read one line at a time: a line that does not parse is skipped and named."""
     values, unreadable = [], []
@@ -130,8 +147,8 @@ def read_file(path: Path, max_bytes: int | None = None) -> ReadFile:
         values, unreadable = _line_by_line(text)
         if not values:
             raise DemoInputError(f"{path.name} line {error.lineno}: not valid JSON ({error.msg})") from None
-    if len(values) == 1 and isinstance(values[0][1], dict) and isinstance(values[0][1].get("data"), list):
-        values = [(values[0][0], item) for item in values[0][1]["data"]]  # {"data": [...]}: the list's items
+    if len(values) == 1 and isinstance(values[0][1], dict):
+        values = _records_under_a_key(path, values[0][0], values[0][1]) or values
     if not values:
         raise DemoInputError(f"dataset file {path.name!r} holds no records")
     return ReadFile([RawRecord(f"{path.name} line {line}", value) for line, value in values], unreadable)

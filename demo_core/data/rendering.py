@@ -64,6 +64,12 @@ def _with_eos(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list | None, template: str | None,
             **options) -> dict:
+    if any("reasoning_content" in message for message in messages) and \
+            "reasoning_content" not in (template or tokenizer.chat_template or ""):
+        raise DemoInputError(
+            "this data has reasoning parts (an assistant's reasoning_content), which this tokenizer's chat template "
+            "never renders: the reasoning would be dropped without a word; use a model whose template renders "
+            "reasoning_content (Qwen3's, DeepSeek-R1's, the presets'), or drop the reasoning parts")
     return tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=template, tokenize=True,
                                          return_dict=True, **options)
 

@@ -39,11 +39,17 @@ SYSTEM_COLUMNS = ("system", "system_prompt")
 PROMPT_COLUMNS = ("instruction", "prompt", "question", "query", "problem", "inputs", "input", "context")
 ANSWER_COLUMNS = ("output", "response", "completion", "answer", "targets", "solution")
 HISTORY_COLUMN = "history"
+# Columns that make an object a record (and not a file's wrapper around its records: readers.py)
+RECORD_COLUMNS = (*CHAT_COLUMNS, *PROMPT_COLUMNS, *ANSWER_COLUMNS, "text", "chosen", "rejected")
 
 ROLE_KEYS = ("role", "from")
 CONTENT_KEYS = ("content", "value", "text")
 PART_TEXT_KEYS = ("text", "content", "value")
 NON_TEXT_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "file")
+# Typed parts that are not the message's text (LLaMA-Factory v1's content parts: {"type": ..., "value": ...}): the
+# reasoning goes where chat templates read it (`reasoning_content`, as Qwen3's and DeepSeek-R1's templates do), the
+# tool calls into the message's `tool_calls`; glued into the text they would train on a run-on string.
+REASONING_PART, TOOL_CALLS_PARTS = "reasoning", ("tool_calls", "tool_call")
 ROLES = {"user": "user", "human": "user", "prompter": "user",
          "assistant": "assistant", "gpt": "assistant", "model": "assistant", "bot": "assistant",
          "system": "system", "tool": "tool", "observation": "tool", "function": "tool", "ipython": "tool"}
@@ -111,18 +117,46 @@ def _first(keys: tuple[str, ...], mapping: dict) -> str | None:
 
 # ---- messages ---------------------------------------------------------------------------------------------------
 
-def _content(value: Any, what: str, seen: _Seen) -> str:
-    """A message's content as one text: a string, a number, or parts whose text is joined (non-text parts, such as
-    images, are left out and counted)."""
+@dataclasses.dataclass
+class _Content:
+    text: str
+    reasoning: str = ""
+    tool_calls: list = dataclasses.field(default_factory=list)
+
+
+def _typed_part(part: dict, what: str, content: _Content) -> bool:
+    """A reasoning or tool-call part into its own place in `content`; False for any other part."""
+    kind = part.get("type")
+    if kind == REASONING_PART:
+        content.reasoning += _as_text(part.get(_first(PART_TEXT_KEYS, part) or "value"), f"{what}'s reasoning")
+        return True
+    if kind in TOOL_CALLS_PARTS:
+        value = part.get(_first(PART_TEXT_KEYS, part) or "value")
+        try:
+            calls = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError:
+            raise RecordProblem(f"{what} has a {kind} part whose value is not JSON") from None
+        content.tool_calls += _tool_calls(calls, what)
+        return True
+    if kind == "tools":
+        raise RecordProblem(f"{what} has a 'tools' part: give the tool schemas as the record's 'tools'")
+    return False
+
+
+def _content(value: Any, what: str, seen: _Seen) -> _Content:
+    """A message's content: a string, a number, or parts whose text is joined; reasoning and tool-call parts kept
+    apart (`_typed_part`); non-text parts, such as images, left out and counted."""
     if not isinstance(value, (list, dict)):
-        return _as_text(value, what)
-    texts = []
+        return _Content(_as_text(value, what))
+    content, texts = _Content(""), []
     for number, part in enumerate(value if isinstance(value, list) else [value], start=1):
         if isinstance(part, str):
             texts.append(part)
             continue
         if not isinstance(part, dict):
             raise RecordProblem(f"{what} part {number} is {_json_type(part)}, not a content part")
+        if _typed_part(part, f"{what} part {number}", content):
+            continue
         key = _first(PART_TEXT_KEYS, part)
         if key is not None:
             texts.append(_as_text(part[key], f"{what} part {number}"))
@@ -131,7 +165,8 @@ def _content(value: Any, what: str, seen: _Seen) -> str:
         else:
             raise RecordProblem(f"{what} part {number} has no text under any of {', '.join(PART_TEXT_KEYS)} "
                                 f"(its keys: {', '.join(sorted(part))})")
-    return "".join(texts)
+    content.text = "".join(texts)
+    return content
 
 
 def _arguments(value: Any) -> Any:
@@ -182,7 +217,15 @@ def _message(raw: Any, what: str, seen: _Seen) -> dict:
     calls = _tool_calls(raw["tool_calls"], what) if raw.get("tool_calls") else []
     if content_key is None and not calls:
         raise RecordProblem(f"{what} has no content (a 'content', or ShareGPT's 'value')")
-    message = {"role": ROLES[role.lower()], "content": _content(raw.get(content_key), f"{what}'s content", seen)}
+    content = _content(raw.get(content_key), f"{what}'s content", seen)
+    message = {"role": ROLES[role.lower()], "content": content.text}
+    if content.reasoning or content.tool_calls:
+        if message["role"] != "assistant":
+            raise RecordProblem(f"{what} is a {message['role']} message with reasoning or tool-call parts: only the "
+                                f"assistant reasons and calls tools")
+        if content.reasoning:
+            message["reasoning_content"] = content.reasoning
+    calls = calls + content.tool_calls
     if calls:
         message["tool_calls"] = calls
     message.update({key: raw[key] for key in MESSAGE_KEYS_KEPT if isinstance(raw.get(key), str)})
@@ -255,10 +298,12 @@ def _refuse_other_trainers_data(record: dict) -> None:
         raise OtherTrainersData(
             "preference data (prompt/chosen/rejected, for DPO-style trainers), not fine-tuning data: to fine-tune on "
             "the preferred answers, keep 'chosen' as 'completion' (or as 'messages') and drop 'rejected'")
-    if isinstance(record.get("label"), bool) and "completion" in record:
+    answer = next((column for column in ("completion", *CHAT_COLUMNS, *ANSWER_COLUMNS) if column in record), None)
+    if isinstance(record.get("label"), bool) and answer is not None:
+        # TRL's prompt/completion/label and LLaMA-Factory's messages + label (its KTO layout) alike
         raise OtherTrainersData(
-            "unpaired preference data (prompt/completion/label, for KTO): completions labelled false are answers "
-            "not to learn; to fine-tune, keep the records labelled true and drop 'label'")
+            f"unpaired preference data ('{answer}' with a true/false 'label', for KTO): answers labelled false are "
+            f"answers not to learn; to fine-tune, keep the records labelled true and drop 'label'")
     if "completions" in record and "labels" in record:
         raise OtherTrainersData("step-wise supervision data (prompt/completions/labels, for process reward "
                                 "models), not fine-tuning data")

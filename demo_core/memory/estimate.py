@@ -33,7 +33,6 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from demo_core.attention.segments import bucket_shapes
 from demo_core.config import PER_SEGMENT_ATTENTION
 from demo_core.memory.parameters import (
     ModelShape,
@@ -49,6 +48,7 @@ from demo_core.memory.probe_model import ProbeSpec
 from demo_core.memory.probe_recorder import ATTENTION_KERNEL_EXCLUDED
 from demo_core.memory.step import StepShape, TrainingSettings
 from demo_core.precision import PRECISIONS
+from demo_core.segments import bucket_shapes
 
 _FP32_BYTES = 4
 _INT64_BYTES = 8

@@ -96,8 +96,9 @@ class SavedActivationMeter:
 
     Use as a context manager around the forward (and loss), or `attach(model)` to have it switch on in a forward
     pre-hook and off in the forward hook of every call (the loss of HF models is computed inside forward).
-    The pack hook returns the tensor itself, so numerics and lifetimes are unchanged; the meter keeps only
-    (device, data_ptr, nbytes) keys, never a reference. A view of a parameter (weight.t() for a matmul) shares the
+    The pack hook returns the tensor detached (its storage, so numerics and lifetimes are unchanged: the tensor itself
+    would hold its own grad_fn, a cycle gc cannot break when no backward runs, as torch's saved_tensors_hooks
+    docstring warns); the meter keeps only (device, data_ptr, nbytes) keys, never a reference. A view of a parameter (weight.t() for a matmul) shares the
     parameter's storage and is excluded; autocast's half copies of weights are new storages and are counted.
     Caveat: a storage freed *during* the forward and reused at the same address with the same size by a later saved
     tensor would be counted once; saved tensors stay alive until backward, so this needs an unsaved graph branch.
@@ -118,13 +119,13 @@ class SavedActivationMeter:
         if self.model is not None and isinstance(t._base if t._base is not None else t, torch.nn.Parameter):
             # A parameter or a view of one. Under FSDP the full weights a layer computes with are parameters
             # gathered for that layer only (not the model's sharded ones): weights, not activations.
-            return t
+            return t.detach()
         key = storage_key(t)
         if (key[0], key[1]) not in self._param_ptrs and key not in self._keys:
             self._keys.add(key)
             self.saved_bytes += key[2]
             self.saved_tensors += 1
-        return t
+        return t.detach()
 
     def start(self) -> None:
         """Begin a new count (resets saved_bytes) and install the hooks."""

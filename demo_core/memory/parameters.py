@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.heads import decoder_layers, head_dim, model_class_for, model_head
 from demo_core.memory.step import TrainingSettings
@@ -68,13 +69,16 @@ class ParamFacts:
     largest_layer_params: int  # one decoder layer's parameters (what ZeRO-3/FSDP gathers at a time)
 
 
-_PARAM_FACTS_CACHE: dict[tuple[str, str], ParamFacts] = {}
+# One entry per model config, a few hundred KB at most (a 70B model's per-layer shapes); 64 configs cover the
+# presets, the shipped configs and the hub ids a server is asked about, and bound what uploaded folders add.
+_PARAM_FACTS_CACHE: LRU = LRU(max_entries=64)
 
 
 def param_facts(config: Any) -> ParamFacts:
     """Exact parameter/buffer counts of the model this config builds on the meta device (cached per config)."""
     key = (type(config).__name__, config.to_json_string(use_diff=False))
-    if key not in _PARAM_FACTS_CACHE:
+    facts = _PARAM_FACTS_CACHE.get(key)
+    if facts is None:
         # Built in the config's own dtype, which transformers makes the process's default dtype while it builds: the
         # build holds the process's torch state, so a run training meanwhile never creates a tensor in it.
         with exclusive(), torch.device("meta"):
@@ -90,7 +94,7 @@ def param_facts(config: Any) -> ParamFacts:
         # Autocast copies every 2-D weight a matmul uses: linear layers, and routers that are plain parameters (MoE
         # gates). An embedding's weight is looked up, never copied, unless a linear layer shares it (tied lm_head).
         looked_up = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - set(linear)
-        _PARAM_FACTS_CACHE[key] = ParamFacts(
+        facts = _PARAM_FACTS_CACHE[key] = ParamFacts(
             params=sum(p.numel() for p in params),
             tensor_shapes=tuple(tuple(p.shape) for p in params),
             buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
@@ -100,7 +104,7 @@ def param_facts(config: Any) -> ParamFacts:
             largest_layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in
                                      decoder_layers(model, int(config.num_hidden_layers))),
         )
-    return _PARAM_FACTS_CACHE[key]
+    return facts
 
 
 def lora_adapter_shapes(config: Any, rank: int, targets: Sequence[str]) -> list[tuple[int, int]]:

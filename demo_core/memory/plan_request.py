@@ -36,7 +36,7 @@ from demo_core.memory.parameters import model_shape
 from demo_core.memory.reserve import CUDA_MODULE_LOADING_NAMES
 from demo_core.memory.step import ADAPTER_DTYPE_NAMES, OPTIMIZER_IMPL_NAMES, TrainingSettings
 from demo_core.models import hub
-from demo_core.models.sources import PRESETS
+from demo_core.models.sources import PRESETS, trained_config
 from demo_core.precision import ESTIMATE_PRECISION_NAMES
 from demo_core.settings import Widget, checked_values, setting, shared_names
 
@@ -180,7 +180,8 @@ def load_config(model: str) -> PretrainedConfig:
         raise DemoInputError(f"cannot read a config for {model!r}: {known}, and not a folder or a hub id")
     try:
         path = folder if folder.is_dir() else Path(hub.config_file(model)).parent
-        return AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+        # a multimodal checkpoint trains as its language model (models/sources.py trained_config): plan that one
+        return trained_config(AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True))
     except DemoInputError as error:  # no network and not cached, or the hub has no such model
         raise DemoInputError(f"cannot read a config for {model!r}: {known}, and {error}") from None
     except (OSError, ValueError) as error:

@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 from transformers import PretrainedConfig
 
+from demo_core.caches import registered
 from demo_core.data import loading as data
 from demo_core.errors import DemoInputError
 from demo_core.memory.estimate import StepPeak, estimate_memory_detail, live_by_moment
@@ -61,6 +62,7 @@ _MAX_SEARCH_BATCH = 1 << 16  # the largest batch size a fit is searched up to
 
 # ---- the step: a batch of one size, or the worst batch of a dataset's length profile -----------------------------
 
+@registered
 @functools.lru_cache(maxsize=16)  # the page asks again for every change of a setting
 def dataset_lengths(dataset: str, samples: int, seed: int) -> tuple[int, ...]:
     """Example lengths of a dataset in the byte-level tokens the presets train on (untruncated)."""
@@ -171,6 +173,7 @@ def per_device_estimate(config: PretrainedConfig, step: StepShape, settings: Tra
                           estimate.trainable_params, list(estimate.notes), memory, estimate.reliable)
 
 
+@registered
 @functools.lru_cache(maxsize=1)
 def measured_context_bytes() -> int | None:
     """This process's CUDA context, measured (NVML used - reserved), when CUDA is already initialised here; None

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.probe_model import (
     ProbeLayers,
@@ -162,7 +163,10 @@ def _targets_of(totals: dict[tuple, int], layers: ProbeLayers) -> dict[str, floa
     return targets
 
 
-_FIT_CACHE: dict[tuple, ActivationFit] = {}
+# A fit costs 0.1-1 s; its key is a config and a probe spec (layout, precision, attention, LoRA, ...). The planner
+# page's warm-up fits every model chip's opening question (~2 fits each for ~15 chips); 256 keep those and a few
+# hundred questions beyond them, at well under 1 MB (a fit is a few dozen numbers; its key a config's JSON).
+_FIT_CACHE: LRU = LRU(max_entries=256)
 _FIT_LOCK = threading.Lock()
 
 
@@ -240,6 +244,17 @@ def _fit_over(config: Any, spec: ProbeSpec, reprobe: bool) -> ActivationFit:
                          kernel_layers, misfit, reference)
 
 
+def _scan_chunk_size(config: Any) -> int | None:
+    """The chunk length of a model's Mamba-2 scans (never a reliable fit, see `probed_activations`): Bamba, Falcon-H1
+    and GraniteMoeHybrid call it `mamba_chunk_size`; Zamba2, NemotronH and Mamba2 `chunk_size`, beside their state
+    size (ESM's `chunk_size` is no scan)."""
+    if isinstance(getattr(config, "mamba_chunk_size", None), int):
+        return config.mamba_chunk_size
+    fields = config.to_dict()
+    scans = any(name.startswith("mamba_") or name in ("ssm_state_size", "state_size") for name in fields)
+    return fields["chunk_size"] if scans and isinstance(fields.get("chunk_size"), int) else None
+
+
 @dataclasses.dataclass
 class ProbedActivations:
     """The probe's share of the activation estimate for one real model and token shape."""
@@ -292,6 +307,10 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
         terms[target] = terms.get(target, 0) + linear[target]
         terms["attention_scores_or_mask"] = terms.get("attention_scores_or_mask", 0) + quadratic[target]
     notes = []
+    chunk = _scan_chunk_size(config)
+    if chunk:
+        notes.append(f"its Mamba-2 layers scan in chunks of {chunk} tokens and pad each sequence to whole chunks: the "
+                     f"saved bytes follow tokens rounded up to a chunk, which the bilinear fit does not extrapolate")
     if not fit.reliable:
         notes.append(f"the probe's saved bytes are not bilinear in tokens and widths for this architecture: the fit "
                      f"missed a forward it never saw by {fit.held_out_misfit_bytes:,.0f} bytes, after a re-probe")
@@ -299,4 +318,4 @@ def probed_activations(config: Any, spec: ProbeSpec, rows: int, seq_len: int,
         notes.append("fitted terms outside their physical range: " + "; ".join(out_of_bounds))
     return ProbedActivations({k: v for k, v in terms.items() if v}, largest_layer, fit.kernel_heads,
                              fit.kernel_layers, notes,
-                             reliable=fit.reliable and not out_of_bounds)
+                             reliable=fit.reliable and not out_of_bounds and not chunk)

@@ -25,6 +25,14 @@ _WIDTH_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_in
 
 # Fields named like widths that are not (a sliding window equal to the hidden size stays a window).
 _NOT_WIDTHS = ("hidden_size", "vocab_size", "sliding_window", "max_position_embeddings", "max_window_layers")
+# Widths a config derives from its hidden size when it is built, only where the real config has them so derived:
+# they follow the probe's hidden size (a Mamba-2 layer needs heads x head width = its inner width, expand x hidden;
+# Zamba2's shared attention reads the hidden state beside the embeddings, twice the hidden size).
+_DERIVED_WIDTHS = {
+    "mamba_d_head": lambda c: (getattr(c, "mamba_d_ssm", None) or c.mamba_expand * c.hidden_size) // c.mamba_n_heads,
+    "mamba_headdim": lambda c: c.mamba_expand * c.hidden_size // c.n_mamba_heads,
+    "attention_hidden_size": lambda c: 2 * c.hidden_size,
+}
 
 
 _VOCAB_POINTS = (64, 96)  # probe vocabulary sizes: base and bumped
@@ -151,6 +159,12 @@ def _probe_config(config: Any, widths: dict[str, int], layers: ProbeLayers) -> A
         if (name.endswith(("_dim", "_size")) and name not in widths and name not in _NOT_WIDTHS
                 and value == config.hidden_size):
             setattr(small, name, small.hidden_size)
+    for name, derive in _DERIVED_WIDTHS.items():
+        if isinstance(getattr(config, name, None), int) and getattr(config, name) == derive(config):
+            setattr(small, name, derive(small))
+    if "layers_block_type" in layers.lists and isinstance(getattr(config, "hybrid_layer_ids", None), list):
+        # Zamba2 derives where its shared attention blocks sit from the layer kinds: follow the probe's layers
+        small.hybrid_layer_ids = [i for i, kind in enumerate(small.layers_block_type) if kind == "hybrid"]
     # Special token ids of a real vocabulary would point outside the small one (padding_idx, ...).
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id"):
         if isinstance(getattr(small, name, None), int):

@@ -159,13 +159,13 @@ class SaveRecorder:
         kernel_keys: set[tuple] = set()
         keep: list[torch.Tensor] = []  # saved tensors stay alive until the count is done: no address reuse
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def record(t: torch.Tensor) -> None:
             key = storage_key(t)
             if key[:2] in self.param_keys or key in kernel_keys or (autocast and self._is_weight_copy(t)):
-                return t
+                return
             if getattr(probe_state, "in_kernel", False):
                 kernel_keys.add(key)
-                return t
+                return
             keep.append(t)
             mask = self._is_dropout_mask(t)
             if self.layer is not None:
@@ -173,7 +173,13 @@ class SaveRecorder:
             else:
                 place = ("model", "dropout_masks" if mask else "head_and_loss" if self.after_layers else "embeddings")
             seen.setdefault(key, [key[2], place, set()])[2].add(place[:2])
-            return t
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            record(t)
+            # Detached (same storage): a saved output packed as itself holds its own grad_fn, a cycle through C++
+            # that gc cannot break when no backward runs, as here (torch's saved_tensors_hooks docstring; issue
+            # pytorch/pytorch#115255). Packed as itself, every probe forward's graph stayed: ~190 MB per plan.
+            return t.detach()
 
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
         policy = _CudaAutocastFloat32Ops() if autocast and self.cuda_autocast else contextlib.nullcontext()

@@ -47,6 +47,16 @@ class _LoraLinear(torch.nn.Module):
         self.lora_A = torch.nn.Linear(in_features, rank, bias=False, dtype=dtype)
         self.lora_B = torch.nn.Linear(rank, out_features, bias=False, dtype=dtype)
 
+    # peft's LoRA layer exposes its base layer's weight and bias: a Mamba-2 mixer reads `out_proj.weight` in training
+    # (for mamba-ssm's fused kernel; without it the fallback returns nothing and the unfused path runs)
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
     def forward(self, x):
         result = self.base(x)
         adapted = self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * 2.0

@@ -30,7 +30,7 @@ from transformers.utils import logging as transformers_logging
 
 from demo_core.errors import DemoInputError
 from demo_core.isolation import exclusive
-from demo_core.models import hub
+from demo_core.models import hub, hybrid_mixers
 
 # A checkpoint is loaded once per collator and once by the pre-flight check: "Loading weights" bars on stderr would
 # bury the CLI's one-line `error:` when that check refuses the model.
@@ -146,6 +146,7 @@ CHAT_TEMPLATE = (
     "{%- if message.role == 'assistant' %}"
     "{{- '<|assistant|>\\n' }}"
     "{%- generation %}"
+    "{%- if message.reasoning_content %}{{- '<think>' + message.reasoning_content + '</think>' }}{%- endif %}"
     "{{- message.content or '' }}"
     "{%- for call in message.tool_calls or [] %}"
     "{%- set function = call.function if call.function is defined else call %}"
@@ -211,11 +212,38 @@ class ModelSource:
         # here is a causal LM, so name its loss for what it computes.
         if model.loss_type not in LOSS_MAPPING:
             model.loss_type = "ForCausalLM"
+        # Linear-attention, short-convolution and SSM mixers run per example in packed rows (hybrid_mixers.py).
+        hybrid_mixers.install(model)
         return model
+
+
+# Where vision-language checkpoints keep their language model: transformers 5's layout ("model.language_model.",
+# "lm_head.") and the earlier one ("language_model.model.", "language_model.lm_head."), as the text model names them.
+LANGUAGE_MODEL_KEYS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                       r"^language_model\.lm_head\.": "lm_head."}
+
+
+def trained_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the model that trains: a vision-language checkpoint trains its language model on text when
+    transformers builds that model as a causal LM on its own (Qwen3.5's releases, Mistral 3, LLaVA, SmolVLM,
+    Gemma 3, LFM2-VL...); a config that is a causal LM itself is kept; any other is refused in one sentence."""
+    causal_lms = AutoModelForCausalLM._model_mapping
+    text = config.get_text_config()
+    if text is not config and type(text) in causal_lms:
+        text = copy.deepcopy(text)
+        if "tie_word_embeddings" in config.to_diff_dict():  # the composite ties its head (Mistral 3), not its text part
+            text.tie_word_embeddings = config.tie_word_embeddings
+        return text
+    if type(config) in causal_lms:
+        return config
+    raise DemoInputError(f"{config.model_type} is a vision-language model whose language model "
+                         f"({type(text).__name__}) transformers builds only inside it, not as a causal LM on its own: "
+                         f"its text model cannot be trained here")
 
 
 def config_source(name: str, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelSource:
     """Random-init models of one config (the presets; tests build families the same way)."""
+    config = trained_config(config)
 
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
         # from_config keeps the config object and sets its attention on it: without a copy, building a second model
@@ -260,7 +288,7 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         raise DemoInputError(message if message.startswith("cannot load model") else
                              f"cannot load model {name_or_path!r}: {message}") from None
     try:
-        config = AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
+        raw = AutoConfig.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
         tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=False, local_files_only=local_only)
     except (OSError, ValueError) as error:
         if "custom code" in str(error):  # auto_map to the model's own Python files: never run (trust_remote_code)
@@ -271,18 +299,30 @@ def _pretrained_source(name_or_path: str) -> ModelSource:
         where = "its folder" if local.is_dir() else "the local cache" if local_only else "the hub"
         raise DemoInputError(f"cannot load model {name_or_path!r}: its config or tokenizer could not be read from "
                              f"{where} ({type(error).__name__})") from None
+    config = trained_config(raw)  # its own refusal, outside the except above
+    loader = AutoModelForCausalLM._model_mapping.get(type(raw), None)
+    own_class = loader is not None and isinstance(config, loader.config_class)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
 
     def build(attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
+        options = dict(attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False,
+                       local_files_only=local_only)
+        if not own_class:  # the language model of a vision-language checkpoint, from where such checkpoints keep it
+            options.update(config=config, key_mapping=LANGUAGE_MODEL_KEYS, output_loading_info=True)
         try:
-            return AutoModelForCausalLM.from_pretrained(
-                target, attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False,
-                local_files_only=local_only,
-            )
+            loaded = AutoModelForCausalLM.from_pretrained(target, **options)
         except (OSError, ValueError) as error:
             raise DemoInputError(f"cannot load weights of {name_or_path!r}: {error}".splitlines()[0]) from None
+        if own_class:  # a causal LM, or a composite transformers loads as its language model itself (Qwen3.5)
+            return loaded
+        model, loading = loaded
+        if loading["missing_keys"]:
+            raise DemoInputError(f"cannot load the language model of {name_or_path!r}: {len(loading['missing_keys'])} "
+                                 f"of its weights are not where vision-language checkpoints keep them (e.g. "
+                                 f"{sorted(loading['missing_keys'])[0]})")
+        return model
 
     return ModelSource(name_or_path, config, tokenizer, False, build)
 

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from demo_core.attention.segments import bucket_shapes
 from demo_core.config import RunConfig
 from demo_core.isolation import torch_threads
+from demo_core.segments import bucket_shapes
 from demo_core.throughput.facts import ModelFacts, RunSettings
 from demo_core.throughput.gpus import Device
 from demo_core.throughput.predict import price_collators

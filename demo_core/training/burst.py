@@ -11,9 +11,6 @@ partial result that says so (`stop_reason`), not as a traceback.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import gc
 import tempfile
 import threading
 import time
@@ -22,6 +19,7 @@ from typing import Callable
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
+from demo_core.caches import release_memory
 from demo_core.collators import BatchStats, CollatorSpec
 from demo_core.config import RunConfig
 from demo_core.isolation import RunStream
@@ -213,30 +211,6 @@ def train_and_record(trainer: Trainer, source: ModelSource, recorder: StepRecord
         step_anatomies=profiler.step_anatomies,
         stop_reason=out_of_memory,
     )
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def release_memory() -> None:
-    """Frees what a burst or run left behind and hands it back to the system, so the next one starts level.
-
-    gc first (the model, optimizer and Trainer form cycles), then the CUDA cache, then glibc's trim: without it
-    glibc keeps the freed heap of a run (~300 MB for a tiny CPU run) and a server's resident memory steps up by a
-    third over its first few runs (benchmarks/soak.py) even though no object survives.
-    """
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def run_burst(source: ModelSource, rows: TrainingRows, spec: CollatorSpec, run: RunConfig, progress: ProgressFn | None = None,

@@ -20,6 +20,7 @@ from demo_core import precision as precisions
 from demo_core.attention.capability import capability
 from demo_core.attention.contamination import contamination_check
 from demo_core.attention.preflight import exact_attention
+from demo_core.caches import release_memory
 from demo_core.collators import CollatorSpec, collator_spec
 from demo_core.config import Limits, RunConfig
 from demo_core.data import loading as data
@@ -30,7 +31,7 @@ from demo_core.results import Comparison, Result
 from demo_core.throughput.work import ideal_speedup, padded_step_costs
 from demo_core.training import distributed, memory_guard
 from demo_core.training.anatomy import initialize_profiler
-from demo_core.training.burst import ProgressFn, release_memory, run_burst
+from demo_core.training.burst import ProgressFn, run_burst
 from demo_core.training.duration import predicted
 from demo_core.training.lora import check_lora_targets, check_qlora
 from demo_core.training.prepared import Prepared

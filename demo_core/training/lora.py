@@ -27,6 +27,7 @@ from transformers.pytorch_utils import Conv1D
 from demo_core.config import LORA_ALL_LINEAR, RunConfig
 from demo_core.errors import DemoInputError
 from demo_core.memory.parameters import param_facts
+from demo_core.models import hybrid_mixers
 from demo_core.models.lora import is_lora_target
 
 LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 x rank: a common choice, and the scaling lora.py's imitation computes
@@ -75,6 +76,7 @@ def quantized(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Mo
                                                    bnb_4bit_use_double_quant=True,
                                                    bnb_4bit_compute_dtype=compute_dtype))
     quantized_model.loss_type = model.loss_type  # ModelSource.build may have named it (gpt2)
+    hybrid_mixers.install(quantized_model)  # as ModelSource.build does: a reloaded hybrid packs per example too
     return quantized_model
 
 

@@ -38,7 +38,6 @@ from typing import Sequence
 import psutil
 import torch
 
-from demo_core.attention.segments import bucket_shapes
 from demo_core.attention.varlen import VARLEN
 from demo_core.collators import CollatorSpec
 from demo_core.config import RunConfig
@@ -46,6 +45,7 @@ from demo_core.errors import DemoInputError
 from demo_core.memory import estimate as memory_estimate
 from demo_core.memory.plan_request import PlanRequest, training_settings
 from demo_core.memory.step import StepShape, TrainingSettings
+from demo_core.segments import bucket_shapes
 from demo_core.training.distributed import world_size
 from demo_core.training.prepared import Prepared
 from demo_core.training.turns import takes_turns
@@ -155,6 +155,7 @@ class CollatorMemory:
     worst_batch_examples: int
     worst_batch_tokens: int  # real tokens of that batch
     worst_batch_slots: int  # positions the model computes on (padded B x L, else the tokens)
+    estimate_reliable: bool = True  # False: the activation fit missed its check (the estimate's notes say why)
 
 
 def burst_peak(device: str, tensor_peak_bytes: int, held_bytes: int, mask_check_bytes: int) -> int:
@@ -217,7 +218,7 @@ def collator_memory(prepared: Prepared, spec: CollatorSpec, batch_size: int, max
         check = mask_check_bytes(shape) if prepared.resolved.attention == VARLEN else 0
         memory = CollatorMemory(spec.name, burst_peak(prepared.resolved.device, estimate.peak_bytes, held, check) * sharing,
                                 held * sharing, estimate.peak_bytes * sharing, check * sharing, len(lengths),
-                                sum(lengths), shape.token_slots)
+                                sum(lengths), shape.token_slots, bool(estimate.reliable))
         if worst is None or memory.peak_bytes > worst.peak_bytes:
             worst = memory
     return worst
@@ -299,8 +300,10 @@ def refusal(prepared: Prepared, memory: RunMemory) -> str:
 
 
 def refuse_if_too_big(prepared: Prepared) -> RunMemory:
-    """Raises DemoInputError, before anything trains, when the run's predicted peak exceeds the free memory."""
+    """Raises DemoInputError, before anything trains, when the run's predicted peak exceeds the free memory. An
+    estimate whose activation fit is unreliable refuses nothing: it can be off either way (a chunked Mamba-2 scan,
+    MiniMax's lightning-attention blocks), and the burst's own out-of-memory handling ends a run that does not fit."""
     memory = predict(prepared, available=available_bytes(prepared.resolved.device))
-    if not memory.fits:
+    if not memory.fits and all(collator.estimate_reliable for collator in memory.collators):
         raise DemoInputError(refusal(prepared, memory))
     return memory

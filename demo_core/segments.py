@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import torch
 
+from demo_core.caches import on_release
 from demo_core.errors import DemoInputError
 
 # A bucket takes every segment within 25% or 16 tokens of its longest: padding a bucket then costs at most
@@ -155,5 +156,10 @@ class SegmentCache(threading.local):
             self.key = key
         return self.segments
 
+    def clear(self) -> None:
+        """Drops this thread's forward (another thread's entry goes when that thread ends)."""
+        self.key = self.segments = None
+
 
 segment_cache = SegmentCache()
+on_release(segment_cache.clear)

@@ -1,0 +1,34 @@
+"""The engine's caches that outlive a call: each keeps a bounded number of entries, and `release_caches` empties them
+all (what a long-running server relies on, and what the tests call after every file)."""
+
+from __future__ import annotations
+
+import demo_core
+from demo_core.attention import preflight
+from demo_core.caches import LRU
+from demo_core.memory import parameters, planner
+from demo_core.memory import probe as activation_probe
+from demo_core.models.sources import load_model_source
+from tiny_models import family_config
+
+
+def test_an_lru_keeps_its_most_recently_used_entries():
+    cache = LRU(max_entries=2)
+    cache["a"], cache["b"] = 1, 2
+    assert cache["a"] == 1  # read: now the most recent
+    cache["c"] = 3
+    assert dict(cache) == {"a": 1, "c": 3}  # "b" was the least recently used
+    cache["a"] = 4
+    cache["d"] = 5
+    assert dict(cache) == {"a": 4, "d": 5}
+
+
+def test_release_caches_empties_every_engine_cache():
+    parameters.param_facts(family_config("llama"))
+    planner.dataset_lengths("flan-like", 8, 0)
+    preflight.check_packing_is_exact(load_model_source("tiny-llama"), "sdpa", "cpu", ("flatten",))
+    activation_probe._FIT_CACHE["a fit"] = "its numbers"
+    assert parameters._PARAM_FACTS_CACHE and preflight._passed and planner.dataset_lengths.cache_info().currsize
+    demo_core.release_caches()
+    assert not parameters._PARAM_FACTS_CACHE and not preflight._passed and not activation_probe._FIT_CACHE
+    assert planner.dataset_lengths.cache_info().currsize == 0
