@@ -28,7 +28,8 @@ import pytest
 from demo_core import COLLATORS
 from layout_checks import described, figure_defects
 from layout_states import BEFORE_TRAINING, PHONE_WIDTHS, SCREENS, STATES, Screens, chat_file
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS
+from test_browser import (ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS,
+                          press_run)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
                                 "(apt-get install chromium; .ci/run installs it)")
@@ -76,7 +77,7 @@ def _run_on_a_phone(browser, url: str, collators: tuple[str, ...]) -> dict:
         _set_number(phone, setting.replace("_", "-"), value)
     line = f"{', '.join(collators)} · {RUN_SIZE['steps']} steps · batch {RUN_SIZE['batch_size']}"
     phone.wait_for_function("line => document.querySelector('#batch-source').innerText.includes(line)", arg=line)
-    phone.click("#run")
+    press_run(phone)
     phone.wait_for_function(RUN_DISABLED, timeout=10_000)
     bar_js = "() => document.querySelector('#action-bar').getBoundingClientRect().height"
     tallest, deadline = 0.0, time.monotonic() + RUN_TIMEOUT_MS / 1000
