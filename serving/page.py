@@ -44,7 +44,8 @@ TO_HEADLINE = """() => {
 # run starts from the hidden start button, which "Run anyway" clicks too; Cancel, or Escape, closes the question.
 ASK_OR_RUN = """() => {
   const bar = document.getElementById('action-bar');
-  if (document.getElementById('confirm-text')?.textContent.trim()) {
+  // The question's own words: its block also holds Gradio's status ("Error" after a preview that failed).
+  if (document.querySelector('#confirm-text [data-testid="markdown"]')?.textContent.trim()) {
     bar.classList.add('asking');
     document.querySelector('#run-anyway')?.focus();
   } else {

@@ -19,6 +19,18 @@ from demo_core.settings import SWITCH_WORDS, Setting, page_settings
 SWITCH_CHOICE = {value: word for word, value in SWITCH_WORDS.items()}  # None -> "auto", True -> "on"
 
 
+class TypedSlider(gr.Slider):
+    """A slider whose number box hands what was typed to the handler, in range or not, so that the engine's settings
+    check says what is wrong in its one sentence ("batch size must be between 1 and 256") and the box keeps what was
+    typed. Gradio's own check (Number.raise_if_out_of_bounds) raised "Value 0 is less than minimum value 1" once per
+    event that read the box, before any handler ran."""
+
+    is_template = True  # drawn by Gradio's slider (Block.get_block_name names a template by its base class)
+
+    def preprocess(self, payload: float | None) -> float | None:
+        return None if payload is None else gr.Number.round_to_precision(payload, self.precision)
+
+
 @dataclasses.dataclass
 class Form:
     widgets: dict[str, gr.components.Component]  # by setting name, in page order
@@ -86,7 +98,7 @@ def _component(item: Setting, value, limits, elem_id: str, enter_hint: str):
         return text_with_chips(item.builtin_values(), value, label, f"{item.help}; {enter_hint}", elem_id)
     if kind == "slider":
         steps = dict(step=1) if item.base is int else {}
-        return gr.Slider(item.minimum, item.upper(limits), value=value, **steps, **common), {}
+        return TypedSlider(item.minimum, item.upper(limits), value=value, **steps, **common), {}
     if kind == "number":
         return gr.Number(value, precision=0 if item.base is int else None, minimum=item.minimum, **common), {}
     if kind == "dropdown":

@@ -7,7 +7,7 @@ figures beside them (a desktop) or reached by Run (a phone), figures drawn for t
 (sharp on a phone's 3 device pixels per CSS pixel), Run off while it trains, a history click that puts that run's
 settings back, an error message that stays, a phone page without sideways scrolling whose Run stays in reach, every
 collator told apart, every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA). Saves screenshots and
-timings under test-artifacts/ (copy browser-run.png to docs/screenshot.png to refresh the README's). Then uploads a
+timings under test-artifacts/ (the README's come from tests/readme_screenshots.py). Then uploads a
 file in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes
 the run.
 """

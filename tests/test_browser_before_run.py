@@ -1,13 +1,14 @@
 """Before Run, in Chromium (as tests/test_browser.py drives it): a prompt-completion file shows what will train (the
 first example with its completion marked, "trained tokens N of M (x%)" as the engine counts them), the line beside
-Run says the predicted time and peak memory, and a run predicted long asks before it starts: Cancel starts nothing."""
+Run says the predicted time and peak memory, a run predicted long asks before it starts (Cancel starts nothing), and a
+number out of its range gets the engine's one message and stays as typed."""
 
 import json
 import re
 
 import pytest
 
-from test_browser import CHROMIUM, CHROMIUM_FLAGS, DESKTOP, RUN_DISABLED
+from test_browser import CHROMIUM, CHROMIUM_FLAGS, DESKTOP, RUN_DISABLED, press_run
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
                                 "(apt-get install chromium; .ci/run installs it)")
@@ -59,3 +60,20 @@ def test_a_long_run_asks_before_it_starts_and_cancel_starts_nothing(tab, lab_app
     question.wait_for(state="hidden")
     tab.wait_for_timeout(1000)  # a run, had one started, turns Run off at once
     assert not tab.evaluate(RUN_DISABLED) and len(lab_app.HISTORY.entries()) == runs_before
+
+
+def test_a_bad_number_gives_the_engines_one_message_and_keeps_what_was_typed(tab, lab_app):
+    tab.goto(lab_app.demo.local_url)
+    tab.wait_for_selector("#batch-plot img")
+    runs_before = len(lab_app.HISTORY.entries())
+    box = tab.locator("#batch-size input[type=number]")
+    box.fill("0")
+    box.press("Enter")
+    tab.locator(".toast-body", has_text="batch size must be between 1 and").wait_for()
+    tab.locator("#samples input[type=number]").click()  # the box loses focus: Gradio's slider would put 1 back
+    tab.wait_for_timeout(500)
+    assert box.input_value() == "0"
+    assert "less than minimum" not in " ".join(tab.locator(".toast-body").all_inner_texts())  # not Gradio's words
+    press_run(tab)  # the run is refused with the same message; batch 1 never trains
+    tab.wait_for_function("() => document.querySelector('#status').innerText.includes('did not finish')")
+    assert box.input_value() == "0" and len(lab_app.HISTORY.entries()) == runs_before
