@@ -30,9 +30,9 @@ def _warnings(preview: dict) -> list[tuple[str, str]]:
                                    f"(more than {human_seconds(predicted['long_after_s'])}); fewer steps, collators or "
                                    "a smaller model finish sooner."))
     if memory and memory.get("available_bytes") and not memory["fits"]:
-        warnings.append(("⚠ does not fit", f"Its predicted peak, {human_bytes(memory['predicted_peak_bytes'])}, is more "
-                                           f"than the {human_bytes(memory['available_bytes'])} available: the run "
-                                           "would be refused and say what fits."))
+        peak, available = human_bytes(memory["predicted_peak_bytes"]), human_bytes(memory["available_bytes"])
+        warnings.append(("⚠ does not fit", f"Its predicted peak, {peak}, is more than the {available} available: the "
+                                           "run would be refused and say what fits."))
     return warnings
 
 

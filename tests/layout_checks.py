@@ -10,8 +10,8 @@ much:
   text cut with an ellipsis are not defects;
 - `FIGURES`: each figure's image (matplotlib's, in a `gr.Plot`) with its drawn and shown widths and the screen's
   device pixels per CSS pixel;
-- `POSITIONS`: where Run, the line beside it with the predicted time and memory, the settings and the first figure are on the page, and the
-  sticky action bar's height.
+- `POSITIONS`: where Run, the line beside it with the predicted time and memory, the settings and the first figure
+  are on the page, and the sticky action bar's height.
 """
 
 from __future__ import annotations

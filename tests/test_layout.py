@@ -28,8 +28,7 @@ import pytest
 from demo_core import COLLATORS
 from layout_checks import described, figure_defects
 from layout_states import BEFORE_TRAINING, PHONE_WIDTHS, SCREENS, STATES, Screens, chat_file
-from test_browser import (ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS,
-                          press_run)
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS, press_run
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
                                 "(apt-get install chromium; .ci/run installs it)")
