@@ -7,11 +7,9 @@ collators, steps, batch_size, attention, seed, max_length, precision, optimizer,
 saved runs this client may see, one summary each), `/run`, `/delete_runs`, `/share`, `/shared` and `/unshare` (links to
 a run: serving/sharing.py), and `/plan` (the memory planner, serving/planner_page.py).
 
-What serving many visitors needs lives in `serving/`: who made a run (`sessions`), uploads that stay the uploader's
-and are deleted after their run (`uploads`), the GPU part of a run shaped for ZeroGPU's forked worker (`gpu`) and its
-time plan and saving (`runs`); so do the page's parts: its widgets (`layout`, one per declared setting: `widgets`),
-look (`page`), views (`views`) and the line that says which settings each section shows (`provenance`). The
-figures, tables and sentences themselves are drawn by `presentation/` from the engine's numbers. Limits come from the environment
+What serving many visitors needs (sessions, uploads, the GPU worker, runs and their history, links) and the page's
+parts (layout, widgets, look, views) live in `serving/`, listed in docs/CONTRIBUTING.md; the figures, tables and
+sentences are drawn by `presentation/` from the engine's numbers. Limits come from the environment
 (`demo_core.Limits.from_env()`); local model and data paths typed into the page or the API must lie under
 PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 """
@@ -77,7 +75,7 @@ def show_preview(*, upload=None, shown: dict | None = None, screen: dict | None 
         yield {UI.shown_preview: gr.skip()}
         return
     preview = preview_of(prepare_inputs(Upload.from_value(upload), **settings))
-    yield {UI.views.batch_plot: views.batch_picture(preview, screen),
+    yield {UI.views.batch_plot: views.batch_picture(preview, screen), **views.forecast_views(UI.bar, preview),
            UI.shown_preview: provenance.preview_shown(preview["config"], inputs)}
     yield views.lengths_views(UI.views, preview, screen)
 
@@ -135,7 +133,7 @@ def run_page(request: gr.Request, progress=gr.Progress(), *, upload=None, screen
         preview = preview_of(prepared)
         config, steps, collator_count = preview["config"], prepared.config.steps, len(prepared.specs)
         yield {UI.bar.status: "Training… Stop ends it after the current step.",
-               **views.preview_views(UI.views, preview, screen),
+               **views.preview_views(UI.views, preview, screen), **views.forecast_views(UI.bar, preview),
                UI.shown_preview: provenance.preview_shown(config, {**settings, "upload": upload}),
                UI.shown_run: provenance.run_training(config, 0, collator_count)}
         total_steps = collator_count * steps
@@ -191,11 +189,12 @@ def show_history_run(selection: gr.SelectData, request: gr.Request, *, screen: d
     else:
         try:
             preview = preview_of(config_from_document(document))
-            shown, attention_why = views.preview_views(UI.views, preview, screen), preview["attention_why"]
+            shown = {**views.preview_views(UI.views, preview, screen), **views.forecast_views(UI.bar, preview)}
+            attention_why = preview["attention_why"]
         except demo_core.DemoInputError as error:  # e.g. a data file that has since been removed
             missing = f"the batch of run {entry.run_id} cannot be redrawn: {error}"
     if missing:
-        shown = {**dict.fromkeys(views.preview_outputs(UI.views)),
+        shown = {**dict.fromkeys([*views.preview_outputs(UI.views), *views.forecast_outputs(UI.bar)]),
                  UI.views.cost: f"*{missing[0].upper()}{missing[1:]}.*"}
     status = f"*Run {entry.run_id} from the history*\n\n{headline.status_line(document)}"
     return {**views.headline_views(UI.views, document, status, attention_why), **UI.settings.shown(settings),
@@ -386,11 +385,11 @@ def build_demo(defaults: RunConfig = DEFAULTS) -> tuple[gr.Blocks, SimpleNamespa
     with gr.Blocks(title="Packing Lab", delete_cache=uploads.sweep_schedule(), fill_width=True) as demo:
         gr.Markdown(layout.INTRO)
         ui = SimpleNamespace(bar=layout.action_bar())
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1, min_width=320):
+        with gr.Row(equal_height=False, elem_id="main-row"):
+            with gr.Column(scale=1, min_width=320, elem_id="settings"):
                 ui.settings = layout.settings_column(LIMITS, defaults)
                 ui.upload = ui.settings.extras["upload"]
-            with gr.Column(scale=3):
+            with gr.Column(scale=3, elem_id="views"):
                 ui.views = layout.views_column()
         # What each section shows (serving.provenance), and the screen the figures are drawn for (set by WITH_SCREEN).
         ui.shown_preview, ui.shown_run = gr.State(None), gr.State(provenance.NO_RUN)
@@ -416,7 +415,8 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     # The page's settings by name (one widget per declared setting) and the upload box; the screen last, where
     # WITH_SCREEN puts it.
     page_inputs = {**form.widgets, "upload": ui.upload}
-    preview_outputs, result_outputs = views.preview_outputs(shown), views.result_outputs(shown)
+    result_outputs = views.result_outputs(shown)
+    preview_outputs = [*views.preview_outputs(shown), *views.forecast_outputs(bar)]
     # Previews are cheap (no model runs) and must not wait behind a training job, so they get their own group.
     # (every event in a concurrency group needs the group's limit: the lowest one given wins)
     in_preview_group = dict(concurrency_id="preview", concurrency_limit=4, api_visibility="private")
@@ -438,8 +438,13 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
           api_visibility="private")
     demo.load(history_table, outputs=shown.history, api_visibility="private")  # every load: survives restarts
 
-    # A phone shows the settings first: Run takes the visitor to the headline, where the results will appear.
-    training = bar.run_button.click(begin_run, js=page.TO_HEADLINE, **instant,
+    # Run asks first when the preview warns (a long run, or one its memory would have refused): its click and the
+    # answers are the browser's own (page.ASK_OR_RUN); the run starts from the hidden start button they click.
+    bar.run_button.click(None, js=page.ASK_OR_RUN)
+    bar.run_anyway.click(None, js=page.RUN_ANYWAY)
+    bar.cancel.click(None, js=page.CANCEL_RUN)
+    # A phone shows the settings first: the start takes the visitor to the headline, where the results will appear.
+    training = bar.start.click(begin_run, js=page.TO_HEADLINE, **instant,
                                     outputs=[bar.run_button, bar.status, shown.summary, *result_outputs, ui.shown_run])
     run = training.then(run_page, inputs_kwargs={**page_inputs, "screen": ui.screen}, js=page.WITH_SCREEN,
                         api_visibility="private", concurrency_id="training", show_progress_on=[bar.progress],

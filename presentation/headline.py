@@ -12,7 +12,7 @@ On the page:
 
     ### Done in 11.5 s
     ┌ ■ flatten ───────────────────────────────────────────────┐
-    │ 2.18×                 −46%                   4.8e-07     │
+    │ 2.18×                 −46%                   4.8e-7      │
     │ speed vs padded:      peak memory vs padded: max |Δloss| │
     │ faster; ideal 2.87×   35.1 MB vs 65.5 MB     vs padded:  │
     │                                              identical   │
@@ -28,6 +28,7 @@ from demo_core.collators import BASELINE, collator_spec
 from presentation.report import contamination_skipped, flags_in_words, human_bytes, result_entries
 
 CARDS_UP_TO = 3  # packed collators shown as cards; more become a compact table
+MEMORY_RISE_NOTED_ABOVE = 0.05  # a higher peak than padded's by more than this says why in its card
 LOSS_IDENTICAL_BELOW = 1e-4  # float rounding over a few steps stays far below it; a different training far above
 # Flags (results.compare) in a few words, for a card; the details below it have the full words.
 FLAG_SHORT = {"few-timed-steps": "too few timed steps", "above-ideal": "above every ideal",
@@ -55,18 +56,48 @@ def _times(ratio: float) -> str:
 STAT_NAMES = ("speed vs padded", "peak memory vs padded", "max |Δloss| vs padded")
 
 
+def loss_number(difference: float) -> str:
+    """The loss difference in a card's width: "9.5e-7", not "9.5e-07" (the exponent's zero is one more character a
+    narrow card has to cut)."""
+    mantissa, exponent = f"{difference:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _speed_says(entry: dict) -> str:
+    """What the speedup says, its caveat first when a flag distrusts it: the measured range of a noisy one, the ideal
+    an implausible one is above."""
+    speedup, ideal, flags = entry["speedup_vs_padded"], entry["ideal_speedup"], entry.get("flags", [])
+    if "noisy" in flags and entry.get("speedup_range"):
+        low, high = entry["speedup_range"]
+        return f"noisy, {low:.2f}–{high:.2f}×: run again; ideal {ideal:.2f}×"
+    if "above-ideal" in flags:
+        return f"above the ideal {ideal:.2f}×: padded was likely slowed; run again"
+    return f"{_times(speedup)}; ideal {ideal:.2f}×"
+
+
+def _memory_says(result: dict, padded: dict, change: float) -> str:
+    """Both peaks, and when the collator's is higher, why: its steps compute more token slots than padded's (best-fit
+    packing fills rows up to the max length, grouping keeps long examples together)."""
+    peaks = f"{human_bytes(result['peak_memory_bytes'])} vs {human_bytes(padded['peak_memory_bytes'])}"
+    if change <= MEMORY_RISE_NOTED_ABOVE:
+        return peaks
+    slots = [run["padded_slots"] / run["steps"] if run.get("padded_slots") and run.get("steps") else None
+             for run in (result, padded)]  # per step: a partial run has fewer steps
+    if all(slots) and slots[0] > slots[1] * (1 + MEMORY_RISE_NOTED_ABOVE):
+        return f"{peaks}: its steps hold {slots[0] / slots[1]:.1f}× the token slots"
+    return f"{peaks}: see why below"
+
+
 def _stats(result: dict, entry: dict, padded: dict) -> list[tuple[str, str, str]]:
     """(big number, what it is, what it says) for speed, memory and loss; "–" where the run has no such number."""
-    speedup, ideal = entry["speedup_vs_padded"], entry["ideal_speedup"]
-    speed = ("–", "none: too few timed steps") if speedup is None else \
-        (f"{speedup:.2f}×", f"{_times(speedup)}; ideal {ideal:.2f}×")
+    speedup = entry["speedup_vs_padded"]
+    speed = ("–", "none: too few timed steps") if speedup is None else (f"{speedup:.2f}×", _speed_says(entry))
     change = entry.get("peak_memory_vs_padded")
     memory = ("–", "not measured") if change is None else \
-        (f"{change:+.0%}".replace("-", "−"),
-         f"{human_bytes(result['peak_memory_bytes'])} vs {human_bytes(padded['peak_memory_bytes'])}")
+        (f"{change:+.0%}".replace("-", "−"), _memory_says(result, padded, change))
     difference = entry["max_abs_loss_diff_vs_padded"]
     loss = ("–", "no common step") if difference is None else \
-        (f"{difference:.1e}", "identical (float rounding)" if difference < LOSS_IDENTICAL_BELOW
+        (loss_number(difference), "identical (float rounding)" if difference < LOSS_IDENTICAL_BELOW
          else "differs (not the same training)")
     return [(number, what, says) for what, (number, says) in zip(STAT_NAMES, (speed, memory, loss))]
 

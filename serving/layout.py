@@ -27,13 +27,25 @@ few real optimizer steps, and the page compares speed, loss and memory.
 
 
 def action_bar() -> SimpleNamespace:
-    """Run, Stop and the status: first in the page and the tab order, and sticky at the top of the window."""
+    """Run, Stop, what Run will cost and the status: first in the page and the tab order, and sticky at the top of the
+    window. Beside the buttons, one line says what Run will cost (`forecast`: time, peak memory and any warning,
+    written by each preview), another what happened last (`status`); while a run trains, its progress bar takes the
+    forecast's line. Run itself only asks (page.ASK_OR_RUN): a run whose preview warns (`ask`: long, or refused for
+    its memory) opens `confirm` under the bar first, and the run starts from the hidden `start` button, which Run or
+    "Run anyway" click."""
     ui = SimpleNamespace()
     with gr.Row(elem_id="action-bar", equal_height=True):
         ui.run_button = gr.Button("Run", variant="primary", elem_id="run", scale=0)
         ui.stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0)
-        ui.status = gr.Markdown("Press **Run** to train.", elem_id="status")
+        ui.forecast = gr.Markdown("", elem_id="forecast", container=False)
+        ui.status = gr.Markdown("", elem_id="status", container=False)
         ui.progress = gr.Markdown("", elem_id="progress", container=False)
+        ui.start = gr.Button("Start the run", visible="hidden", elem_id="start-run")
+        with gr.Column(elem_id="confirm-run", variant="panel"):
+            ui.ask = gr.Markdown("", elem_id="confirm-text", container=False)
+            with gr.Row():
+                ui.run_anyway = gr.Button("Run anyway", variant="primary", elem_id="run-anyway", size="sm", scale=0)
+                ui.cancel = gr.Button("Cancel", elem_id="run-cancel", size="sm", scale=0)
     return ui
 
 
@@ -72,6 +84,7 @@ FIGURE_TEXT = {
 
 
 GLANCE_MIN_PX = 300  # the narrowest each of the run's three figures is shown side by side; narrower, they wrap
+LENGTHS_MIN_PX, COST_MIN_PX = 340, 320  # the histogram and the cost table beside it; narrower, the table wraps under
 
 
 def views_column() -> SimpleNamespace:
@@ -93,14 +106,20 @@ def views_column() -> SimpleNamespace:
                                     elem_classes="shown-line")
     with gr.Accordion("Why each collator's numbers look the way they do", open=False, elem_id="headline-details"):
         ui.details = gr.Markdown(elem_id="details", min_height=0)
-    gr.Markdown("## 1 · The batch, before any training")
-    ui.batch_source = gr.Markdown(provenance.preview_line(None, provenance.NO_RUN), elem_id="batch-source",
-                                  elem_classes="shown-line")
-    ui.batch_plot = gr.Plot(label=FIGURE_TEXT["batch"], show_label=False, elem_id="batch-plot")
-    with gr.Row():
+    # On a phone this column's items and the settings' share one column, and this section follows the model and the
+    # dataset (page.css), so that the picture is within a screen of the settings.
+    with gr.Column(elem_id="batch-section"):
+        gr.Markdown("## 1 · The batch, before any training")
+        ui.batch_source = gr.Markdown(provenance.preview_line(None, provenance.NO_RUN), elem_id="batch-source",
+                                      elem_classes="shown-line")
+        ui.batch_plot = gr.Plot(label=FIGURE_TEXT["batch"], show_label=False, elem_id="batch-plot")
+    ui.trained_example = gr.Markdown(elem_id="trained-example", min_height=0)
+    with gr.Row(equal_height=False):
         ui.lengths_plot = gr.Plot(label=FIGURE_TEXT["lengths"], show_label=False, elem_id="lengths-plot",
-                                  min_width=340)
-        ui.cost = gr.Markdown(elem_id="cost", min_height=0)
+                                  min_width=LENGTHS_MIN_PX)
+        # Narrower than this, the table's words would break letter by letter: it wraps under the histogram instead.
+        with gr.Column(min_width=COST_MIN_PX):
+            ui.cost = gr.Markdown(elem_id="cost", min_height=0)
     gr.Markdown("## 2 · The run in detail (same examples, same order, same initial weights)")
     ui.results = gr.Dataframe(headers=report.RESULT_HEADERS, label="Results per collator", interactive=False,
                               wrap=True, elem_id="results", pinned_columns=1)

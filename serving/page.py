@@ -5,7 +5,9 @@
 - `page.css`: the sticky action bar, the phone layout, tables whose numbers do not break, the collator swatches;
 - `page.js`: gives each plot's image the alt text of its plot (Gradio 6.31 writes "undefined plot visualising
   provided data" for a matplotlib figure);
-- `TO_HEADLINE`: Run's `js`, which scrolls a phone to the headline;
+- `ASK_OR_RUN`, `RUN_ANYWAY`, `CANCEL_RUN`: Run's click and the answers to the question it asks before a long or
+  refused run;
+- `TO_HEADLINE`: the start's `js`, which scrolls a phone to the headline;
 - `WITH_SCREEN`: an event's `js` that puts the screen its figures are shown on into the event's last input (the
   width the batch picture is shown at and the device pixels per CSS pixel), so that the server draws each figure
   for it (`Screen`): its text then reads the same on a desktop and a phone, and it is sharp on a phone's or a
@@ -34,6 +36,31 @@ TO_HEADLINE = """() => {
   const headline = document.getElementById('headline');
   const top = headline ? headline.getBoundingClientRect().top : 0;
   if (headline && (top < 0 || top > window.innerHeight / 2)) headline.scrollIntoView({block: 'start'});
+  return [];
+}"""
+
+# Run's click, in the browser: a run whose preview warns (it would be long, or refused for its memory: the bar's
+# hidden question, serving/layout.py `action_bar`) opens the question under the bar; any other starts at once. The
+# run starts from the hidden start button, which "Run anyway" clicks too; Cancel, or Escape, closes the question.
+ASK_OR_RUN = """() => {
+  const bar = document.getElementById('action-bar');
+  // The question's own words: its block also holds Gradio's status ("Error" after a preview that failed).
+  if (document.querySelector('#confirm-text [data-testid="markdown"]')?.textContent.trim()) {
+    bar.classList.add('asking');
+    document.querySelector('#run-anyway')?.focus();
+  } else {
+    document.getElementById('start-run').click();
+  }
+  return [];
+}"""
+RUN_ANYWAY = """() => {
+  document.getElementById('action-bar').classList.remove('asking');
+  document.getElementById('start-run').click();
+  return [];
+}"""
+CANCEL_RUN = """() => {
+  document.getElementById('action-bar').classList.remove('asking');
+  document.getElementById('run')?.focus();
   return [];
 }"""
 

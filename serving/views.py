@@ -11,7 +11,7 @@ from __future__ import annotations
 import gradio as gr
 
 from presentation import batch_picture as picture
-from presentation import headline, plots, report
+from presentation import before_run, headline, plots, report
 from serving import downloads, takehome
 from serving.layout import GLANCE_MIN_PX
 from serving.page import Screen
@@ -25,14 +25,21 @@ def batch_picture(preview: dict, screen: Screen):
 
 
 def lengths_views(ui, preview: dict, screen: Screen) -> dict:
-    """The lengths histogram and the cost table of a preview."""
+    """What trains (the first example, its trained parts marked), the lengths histogram and the cost table of a
+    preview."""
     width_in = screen.width_in(plots.LENGTHS_WIDTH_IN)
-    return {ui.lengths_plot: plots.lengths_figure(preview, width_in, dpi=screen.dpi),
+    return {ui.trained_example: before_run.trained_example(preview),
+            ui.lengths_plot: plots.lengths_figure(preview, width_in, dpi=screen.dpi),
             ui.cost: report.cost_markdown(preview)}
 
 
+def forecast_views(bar, preview: dict) -> dict:
+    """Beside Run (the action bar `bar`): what Run will cost, and what it asks before a long or refused run."""
+    return {bar.forecast: before_run.forecast_line(preview), bar.ask: before_run.question(preview)}
+
+
 def preview_views(ui, preview: dict, screen: Screen) -> dict:
-    """The batch picture, the lengths histogram and the cost table of a preview."""
+    """The batch picture, what trains, the lengths histogram and the cost table of a preview."""
     return {ui.batch_plot: batch_picture(preview, screen), **lengths_views(ui, preview, screen)}
 
 
@@ -48,7 +55,8 @@ def result_figures(ui, document: dict, screen: Screen) -> dict:
 
 def anatomy_views(ui, document: dict, screen: Screen) -> dict:
     """The time anatomy figure and its words, of a run finished or not."""
-    figure = plots.anatomy_figure(document, screen.width_in(plots.ANATOMY_WIDTH_IN), dpi=screen.dpi)
+    # The figure spans the views column: drawn narrower, a browser stretches it to the column (soft on a 2x screen).
+    figure = plots.anatomy_figure(document, screen.width_in(picture.BATCH_MAX_IN), dpi=screen.dpi)
     return {ui.anatomy_plot: figure, ui.anatomy_text: report.anatomy_markdown(document)}
 
 
@@ -77,8 +85,13 @@ def result_views(ui, document: dict, name: str, screen: Screen) -> dict:
 
 
 def preview_outputs(ui) -> list:
-    """The components a preview fills."""
-    return [ui.batch_plot, ui.lengths_plot, ui.cost]
+    """The components a preview fills in the views column."""
+    return [ui.batch_plot, ui.trained_example, ui.lengths_plot, ui.cost]
+
+
+def forecast_outputs(bar) -> list:
+    """The components a preview fills in the action bar."""
+    return [bar.forecast, bar.ask]
 
 
 def result_outputs(ui) -> list:

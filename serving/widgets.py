@@ -19,6 +19,19 @@ from demo_core.settings import SWITCH_WORDS, Setting, page_settings
 SWITCH_CHOICE = {value: word for word, value in SWITCH_WORDS.items()}  # None -> "auto", True -> "on"
 
 
+def typed_slider(*args, **kwargs) -> gr.Slider:
+    """A slider whose number box hands what was typed to the handler, in range or not, so that the engine's settings
+    check says what is wrong in its one sentence ("batch size must be between 1 and 256") and the box keeps what was
+    typed (page.js keeps the slider from putting it back in range). Gradio's own check (Number.raise_if_out_of_bounds
+    in Slider.preprocess) raised "Value 0 is less than minimum value 1" once per event that read the box, before any
+    handler ran. Replaced on the instance, not by a subclass: Gradio writes a .pyi file beside any module that
+    subclasses a component."""
+    slider = gr.Slider(*args, **kwargs)
+    slider.preprocess = lambda payload: None if payload is None else gr.Number.round_to_precision(payload,
+                                                                                                   slider.precision)
+    return slider
+
+
 @dataclasses.dataclass
 class Form:
     widgets: dict[str, gr.components.Component]  # by setting name, in page order
@@ -86,7 +99,7 @@ def _component(item: Setting, value, limits, elem_id: str, enter_hint: str):
         return text_with_chips(item.builtin_values(), value, label, f"{item.help}; {enter_hint}", elem_id)
     if kind == "slider":
         steps = dict(step=1) if item.base is int else {}
-        return gr.Slider(item.minimum, item.upper(limits), value=value, **steps, **common), {}
+        return typed_slider(item.minimum, item.upper(limits), value=value, **steps, **common), {}
     if kind == "number":
         return gr.Number(value, precision=0 if item.base is int else None, minimum=item.minimum, **common), {}
     if kind == "dropdown":

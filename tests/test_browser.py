@@ -7,7 +7,7 @@ figures beside them (a desktop) or reached by Run (a phone), figures drawn for t
 (sharp on a phone's 3 device pixels per CSS pixel), Run off while it trains, a history click that puts that run's
 settings back, an error message that stays, a phone page without sideways scrolling whose Run stays in reach, every
 collator told apart, every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA). Saves screenshots and
-timings under test-artifacts/ (copy browser-run.png to docs/screenshot.png to refresh the README's). Then uploads a
+timings under test-artifacts/ (the README's come from tests/readme_screenshots.py). Then uploads a
 file in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes
 the run.
 """
@@ -110,6 +110,19 @@ def _set_slider(page, elem_id: str, value: int) -> None:
     box.press("Enter")
 
 
+ASKED_OR_STARTED = ("() => document.querySelector('#action-bar').classList.contains('asking') "
+                    "|| document.querySelector('#run').disabled")
+
+
+def press_run(page) -> None:
+    """Run, as a person presses it: a run its preview warns about (long, or refused for its memory) asks first
+    (serving/page.py ASK_OR_RUN), and the person answers "Run anyway"; any other starts at once."""
+    page.click("#run")
+    page.wait_for_function(ASKED_OR_STARTED, timeout=10_000)
+    if page.locator("#action-bar.asking").count():
+        page.click("#run-anyway")
+
+
 def _tick(page, *collators: str) -> None:
     for name in collators:
         page.locator(f'#collators input[name="{name}"]').click()
@@ -206,7 +219,7 @@ def test_choose_run_and_read_the_speedup(page, lab_app):
     page.wait_for_function("() => document.querySelector('#batch-source').innerText.includes('96 samples')")
 
     clicked = time.perf_counter()
-    page.click("#run")
+    press_run(page)
     # Off until the run ends, so that a second click is never silently ignored; the last run's views are gone.
     page.wait_for_function(RUN_DISABLED, timeout=10_000)
     page.wait_for_function("() => document.querySelector('#results-source').innerText.includes('Training')")
@@ -285,7 +298,7 @@ def test_a_bad_choice_shows_one_message_that_stays_and_the_page_keeps_working(pa
     model.press("Enter")
     page.locator(".toast-body", has_text="cannot load model 'gpt2'").wait_for()
     assert _inputs(page)["model"] == "gpt2"
-    page.click("#run")  # the run fails the same way: one more message, and Run comes back
+    press_run(page)  # the run fails the same way: one more message, and Run comes back
     page.wait_for_function("() => document.querySelector('#status').innerText.includes('did not finish')")
     page.wait_for_function(f"() => !({RUN_DISABLED})()", timeout=10_000)
 
@@ -348,7 +361,7 @@ def test_on_a_phone_every_collator_is_readable_and_run_stays_in_reach(browser, l
     phone.locator("#results-source").scroll_into_view_if_needed()  # past the picture: Run is still on screen
     box = phone.locator("#run").bounding_box()
     assert box and 0 <= box["y"] and box["y"] + box["height"] <= PHONE["height"]
-    phone.click("#run")
+    press_run(phone)
     phone.wait_for_function(RUN_DISABLED, timeout=10_000)
     # Run takes the visitor from the settings (the phone's first screens) to the headline, where the results come.
     phone.wait_for_function("() => { const top = document.querySelector('#headline').getBoundingClientRect().top; "
@@ -388,7 +401,7 @@ def test_an_uploaded_file_runs_privately_and_its_runs_leave_with_the_tab(browser
     tab.wait_for_function(f"old => ({PICTURE_SOURCE})() !== old", arg=before)  # the upload's batch is drawn
     _set_slider(tab, "samples", 16)
     _set_slider(tab, "steps", 2)
-    tab.click("#run")
+    press_run(tab)
     tab.wait_for_function("() => /was deleted from the server/.test(document.querySelector('#status').innerText)",
                           timeout=RUN_TIMEOUT_MS)
     entry = lab_app.HISTORY.entries()[-1]

@@ -46,6 +46,17 @@ def test_api_returns_the_plan_document():
     assert document["fits"]["24"] is True
 
 
+def test_the_page_as_it_opens_and_plan_give_the_same_answer_for_a_lora_question():
+    # Llama-3.1-8B, LoRA r16, 4 x 2048 on 24 GB, everything else as the page opens: checkpointing is "auto" there as
+    # in /plan (on for LoRA), so both plan with it (issue 30: the page said 67.1 GiB, does not fit; /plan 19.3 GiB).
+    question = {"model": "Llama-3.1-8B", "lora_rank": 16, "batch_size": 4, "seq_length": 2048, "gpu_gb": 24}
+    assert planner_page.PAGE_DEFAULTS["gradient_checkpointing"] is None
+    asked = {**planner_page.PAGE_DEFAULTS, **question}
+    answer, summary = planner_page.plan_api(**asked), planner_page.plan_page(**asked).summary
+    assert answer["fits"]["24"] is True and "24 GB: fits" in summary
+    assert f"**{answer['device_used_bytes'] / GIB:.1f} GiB used on the card**" in summary
+
+
 @pytest.mark.parametrize("change, message", [
     ({"dataset": "my-private.jsonl"}, "built-in length profile"),
     ({"model": "."}, "local folder"),

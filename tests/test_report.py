@@ -112,7 +112,7 @@ def test_the_headline_shows_speed_memory_and_loss_of_each_packed_collator_big(do
     flatten, padded = document["comparison"]["flatten"], document["results"][0]
     memory_change = f"{flatten['peak_memory_vs_padded']:+.0%}".replace("-", "−")
     assert _numbers_of(card) == [f"{flatten['speedup_vs_padded']:.2f}×", memory_change,
-                                 f"{flatten['max_abs_loss_diff_vs_padded']:.1e}"]
+                                 headline.loss_number(flatten["max_abs_loss_diff_vs_padded"])]
     assert f"ideal {flatten['ideal_speedup']:.2f}×" in card and "identical" in card
     # The peak is the one the results table shows, and what it measures on this device is said in words.
     assert report.human_bytes(padded["peak_memory_bytes"]) in text and padded["peak_memory_kind"] in text
@@ -128,6 +128,23 @@ def test_a_slower_collator_reads_slower_and_seven_collators_make_a_compact_table
     text = headline.numbers(many)
     assert 'class="glance-table"' in text and 'class="glance-card"' not in text
     assert text.count("<tr>") == 1 + 6
+
+
+def test_a_number_a_flag_distrusts_shows_its_caveat_and_a_higher_peak_says_why(document):
+    padded, packed = document["results"]
+    flatten = {**document["comparison"]["flatten"], "flags": ["noisy"], "speedup_range": [1.21, 3.04],
+               "peak_memory_vs_padded": 0.9}
+    bigger = {**packed, "peak_memory_bytes": padded["peak_memory_bytes"] * 1.9,
+              "padded_slots": padded["padded_slots"] * 2, "steps": padded["steps"]}
+    flagged = {**document, "results": [padded, bigger],
+               "comparison": {**document["comparison"], "flatten": flatten}}
+    [card] = re.findall(r'<div class="glance-card">.*?</div></div></div>', html.unescape(headline.numbers(flagged)))
+    assert "noisy, 1.21–3.04×: run again" in card
+    assert "its steps hold 2.0× the token slots" in card
+    above = {**flatten, "flags": ["above-ideal"]}
+    words = html.unescape(headline.numbers({**document, "comparison": {**document["comparison"], "flatten": above}}))
+    assert f"above the ideal {flatten['ideal_speedup']:.2f}×" in words
+    assert headline.loss_number(9.5367e-07) == "9.5e-7" and headline.loss_number(0.116) == "1.2e-1"
 
 
 def test_a_stopped_runs_empty_contamination_table_says_why(prepared, document):
