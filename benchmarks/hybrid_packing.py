@@ -30,14 +30,14 @@ import transformers
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from hybrid_families import HYBRID_FAMILIES  # noqa: E402
-
 from demo_core.attention import hybrid_hazard  # noqa: E402
 from demo_core.attention.varlen import VARLEN  # noqa: E402
 from demo_core.collators import FlattenCollator, PaddedCollator  # noqa: E402
 from demo_core.data import loading as data  # noqa: E402
 from demo_core.models import hybrid_mixers  # noqa: E402
 from demo_core.models.sources import byte_tokenizer  # noqa: E402
+
+from hybrid_families import HYBRID_FAMILIES  # noqa: E402
 
 BEGIN, END = "<!-- hybrid-packing:begin -->", "<!-- hybrid-packing:end -->"
 EXACT_LENGTHS = (13, 6, 10)

@@ -17,6 +17,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("PACKING_LAB_DATA_DIR", tempfile.mkdtemp(prefix="packing-lab-screenshots-"))
 
 import app  # noqa: E402  (after the data folder is set: the app reads it when imported)
+
 from test_browser import CHROMIUM, CHROMIUM_FLAGS  # noqa: E402
 
 COLLATORS = ("padded", "flatten", "bfd", "trl-padding-free")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import demo_core
 from demo_core.attention import preflight
 from demo_core.caches import LRU
-from demo_core.memory import parameters, planner
+from demo_core.memory import parameters, planner, probe_model
 from demo_core.memory import probe as activation_probe
-from demo_core.memory import probe_model
 from demo_core.models.sources import load_model_source
+
 from tiny_models import family_config
 
 

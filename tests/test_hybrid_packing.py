@@ -14,7 +14,6 @@ from copy import deepcopy
 import pytest
 import torch
 import transformers
-from hybrid_families import HYBRID_FAMILIES, save_model_folder
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 from transformers.models.lfm2 import modeling_lfm2
 
@@ -30,6 +29,8 @@ from demo_core.memory.probe_recorder import ATTENTION_KERNEL_EXCLUDED
 from demo_core.models import hybrid_mixers
 from demo_core.models.sources import byte_tokenizer, config_source, load_model_source
 from demo_core.training import memory_guard
+
+from hybrid_families import HYBRID_FAMILIES, save_model_folder
 
 TOLERANCE = 1e-4  # of the logit scale, as preflight.TOLERANCE
 LENGTHS = (13, 6, 10)

@@ -26,6 +26,7 @@ import time
 import pytest
 
 from demo_core import COLLATORS
+
 from layout_checks import described, figure_defects
 from layout_states import BEFORE_TRAINING, PHONE_WIDTHS, SCREENS, STATES, Screens, chat_file
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS, press_run

@@ -13,6 +13,7 @@ from demo_core.attention import kernels as torch_varlen
 from demo_core.attention.varlen import VARLEN
 from demo_core.errors import DemoInputError
 
+
 @functools.lru_cache(maxsize=None)  # unbounded on purpose: one entry per config class transformers defines
 def model_class(config_class: type):
     return AutoModelForCausalLM._model_mapping[config_class]
