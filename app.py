@@ -210,8 +210,8 @@ def open_link(request: gr.Request, *, screen: dict | None = None) -> dict:
     """A page opened at a run's link (`?run=<id>`, `?shared=<token>`: takehome.linked_run) shows that run; the inputs
     keep their values, and the line over the results says which settings made the run."""
     linked = takehome.linked_run(HISTORY, SHARES, request)
-    if linked is None:
-        return {}
+    if linked is None:  # an empty dict would read as one value for 28 outputs: name one output, unchanged
+        return {UI.shown_run: gr.skip()}
     document = linked.document
     return {**views.headline_views(UI.views, document, f"{linked.status}\n\n{headline.status_line(document)}"),
             **views.result_views(UI.views, document, linked.name, Screen.of(screen)),

@@ -333,7 +333,7 @@ def forecast_rows(preview: dict) -> str:
     best = next((name for name in ("flatten", *preview["config"]["collators"]) if name != "padded"
                  and on_gpus and name in next(iter(on_gpus.values()))["collators"]), None)
     if best is not None:
-        rows.append(f"| speedup of {best} over padded on a GPU, predicted (docs/THROUGHPUT.md) | " + " · ".join(
+        rows.append(f"| speedup of {best} over padded on each GPU, predicted | " + " · ".join(
             f"{gpu['label']} {gpu['collators'][best]['speedup_vs_padded']:.2f}×" for gpu in on_gpus.values()) + " |")
     if memory and memory.get("available_bytes"):
         verdict = ("fits" if memory["fits"] else "⚠ does not fit: Run would be refused and say what fits")

@@ -52,7 +52,8 @@ def _best_packed(throughput: dict) -> str | None:
 
 
 def throughput_markdown(throughput: dict, gpus: int) -> str:
-    """The page's answer to "how fast?": a sentence and a table per collator."""
+    """The page's answer to "how fast?": a sentence, then one line per collator (a list, not a table: its four
+    numbers wrap on a phone's column instead of squeezing a table's columns to letters)."""
     collators = throughput["collators"]
     best = _best_packed(throughput)
     lead = (f"**How fast on {gpu_words(throughput, gpus)}** (predicted; docs/THROUGHPUT.md has the model and its "
@@ -60,7 +61,6 @@ def throughput_markdown(throughput: dict, gpus: int) -> str:
     if best is not None:
         lead += (f"{best} trains **{collators[best]['speedup_vs_padded']:.2f}×** padded's real tokens per second "
                  f"({collators[best]['tokens_per_s']:,.0f} vs {collators['padded']['tokens_per_s']:,.0f} per GPU).")
-    rows = ["| collator | real tokens/s per GPU | s per step | speedup vs padded |", "|---|---|---|---|"]
-    rows += [f"| {name} | {entry['tokens_per_s']:,.0f} | {entry['step_s']:.3f} | {_speedup_text(entry)} |"
-             for name, entry in collators.items()]
+    rows = [f"- **{name}**: {entry['tokens_per_s']:,.0f} real tokens/s per GPU · {entry['step_s']:.3f} s per step · "
+            f"{_speedup_text(entry)} padded's speed" for name, entry in collators.items()]
     return lead + "\n\n" + "\n".join(rows)

@@ -39,7 +39,8 @@ def takehome_section() -> SimpleNamespace:
     gr.Markdown("## Take it home: the run as code, a report, a link")
     ui.code_intro = gr.Markdown(CODE_INTRO, elem_id="code-intro")
     ui.codes = {name: gr.Code(language="python", label=f"train_{name}.py", interactive=False, visible=False,
-                              elem_id=f"code-{name}", max_lines=24, buttons=["copy", "download"])
+                              elem_id=f"code-{name}", max_lines=24, buttons=["copy", "download"],
+                              wrap_lines=True)  # a phone's column wraps a line instead of hiding it sideways
                 for name in COLLATORS}
     with gr.Row(equal_height=True):
         ui.include_examples = gr.Checkbox(False, label="Include the examples' text (of an uploaded dataset)",
