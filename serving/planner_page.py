@@ -91,7 +91,8 @@ def plan_page(*, screen: Screen = Screen(), **settings) -> PlanViews:
     chosen, padded, packed = _plan_both_layouts(_request(**settings))
     width_in = screen.width_in(RESULT_WIDTH_IN)
     bars = bars_figure(padded, packed, chosen.request.packed, width_in, dpi=screen.dpi)
-    speed = time_per_token_figure(chosen.throughput, chosen.request.gpus, width_in, dpi=screen.dpi)
+    # The speed figure spans the section's column (the two above share it): drawn for the column's whole width.
+    speed = time_per_token_figure(chosen.throughput, chosen.request.gpus, screen.width_in(), dpi=screen.dpi)
     return PlanViews(summary_markdown(chosen), bars, scaling_figure(chosen, width_in, dpi=screen.dpi), speed)
 
 

@@ -244,7 +244,7 @@ def test_cuda_autocast_runs_layer_norm_in_fp32_where_cpu_autocast_does_not():
     ({"base_dtype": "half", "precision": "fp32"}, "half-precision base"),
     ({"loss": "tiled"}, "unknown loss"),
     ({"optimizer_impl": "magic"}, "unknown optimizer impl"),
-    ({"grad_accum": 0}, "grad accum must be at least 1"),
+    ({"grad_accum": 0}, "grad accum must be between 1 and 256"),
     ({"shard": "fsdp-no-shard"}, "give gpus of 2 or more"),
     ({"cuda_module_loading": "late"}, "unknown cuda module loading"),
 ])
