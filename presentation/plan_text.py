@@ -5,8 +5,11 @@ the page's figures)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from demo_core import GIB, Plan
 from demo_core import MEMORY_CATEGORIES as CATEGORIES
+from demo_core.config import resolved_checkpointing
 from presentation.speed_text import throughput_lines, throughput_markdown
 
 
@@ -32,20 +35,24 @@ def largest_fit_words(document: dict) -> str:
     return f"on {gpu}: {batch}; {length}{hint}"
 
 
+# What lowers a plan's memory, each with the test that the request has not made that change already. The tests read
+# the request's resolved settings (PlanRequest.validated: checkpointing "auto" is on for LoRA), and resolve again
+# what a document may still carry as "auto", so a hint never names a change its own request has made. QLoRA is named
+# by what it changes over LoRA, a 4-bit base, with its setting's name: a request with LoRA on is not told "LoRA".
+_CHANGES_THAT_NEED_LESS: tuple[tuple[str, Callable[[dict], bool]], ...] = (
+    ("LoRA", lambda request: not request["lora_rank"]),
+    ("a 4-bit base (qlora)", lambda request: bool(request["lora_rank"]) and not request["qlora"]),
+    ("8-bit AdamW",  # an adapter's states are small: a full fine-tune's are what 8 bits shrink
+     lambda request: request["optimizer"] in ("adamw", "sgd") and not request["lora_rank"]),
+    ("gradient checkpointing",
+     lambda request: not resolved_checkpointing(request["gradient_checkpointing"], request["lora_rank"])),
+    ("sharding over more GPUs", lambda request: request["shard"] not in ("zero3", "fsdp")),
+)
+
+
 def changes_that_need_less(request: dict) -> list[str]:
-    """What would lower a plan's memory that its request has not done already."""
-    changes = []
-    if not request["lora_rank"]:
-        changes.append("LoRA")
-    elif not request["qlora"]:
-        changes.append("QLoRA (a 4-bit base)")
-    if request["optimizer"] in ("adamw", "sgd") and not request["lora_rank"]:  # adapters' states are small
-        changes.append("8-bit AdamW")
-    if not request["gradient_checkpointing"]:
-        changes.append("gradient checkpointing")
-    if request["shard"] not in ("zero3", "fsdp"):
-        changes.append("sharding over more GPUs")
-    return changes
+    """What would lower a plan's memory that its request has not done already, in the order worth trying."""
+    return [words for words, not_made in _CHANGES_THAT_NEED_LESS if not_made(request)]
 
 
 def plan_document(result: Plan) -> dict:

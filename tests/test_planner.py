@@ -3,6 +3,7 @@ shipped configs and the CLI contract."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -19,7 +20,7 @@ from demo_core.memory.planner import device_estimate, per_device_estimate, plan
 from demo_core.memory.step import StepShape
 from demo_core.models.sources import PRESETS
 from demo_core.training.engine import prepare
-from presentation.plan_text import largest_fit_words
+from presentation.plan_text import changes_that_need_less, largest_fit_words
 
 GIB = 2 ** 30
 SMALL_RUN = dict(model="tiny-llama", dataset="flan-like", samples=24, steps=2, batch_size=4, precision="fp32",
@@ -207,8 +208,36 @@ def test_a_plan_that_fits_nowhere_says_so_and_what_would_help():
     lora = plan(PlanRequest(model="Llama-3.3-70B-Instruct", batch_size=64, seq_length=8192, lora_rank=16,
                             gradient_checkpointing=True, gpus=2, shard="fsdp", gpu_gb=24)).to_dict()
     hint = largest_fit_words(lora)
-    assert not lora["max_batch_size"] and "QLoRA" in hint
-    assert "LoRA," not in hint and "checkpointing" not in hint and "sharding" not in hint
+    assert not lora["max_batch_size"] and "4-bit base" in hint
+    assert "LoRA" not in hint and "checkpointing" not in hint and "sharding" not in hint
     fitting = plan(PlanRequest(model="SmolLM2-135M", batch_size=8, seq_length=2048)).to_dict()
     assert largest_fit_words(fitting) == (f"on 80 GB: largest batch size {fitting['max_batch_size']} at 2,048 tokens; "
                                           f"longest sequence {fitting['max_seq_length']:,} tokens at batch size 8")
+
+
+@pytest.mark.parametrize("checkpointing", [None, True])  # auto resolves on for LoRA (TRL's SFTTrainer), or asked on
+def test_the_hint_does_not_name_lora_or_checkpointing_when_both_are_on(checkpointing):
+    # The page's opening LoRA question at 4 x 65,536 tokens: no example of that length fits 24 GB even with both on.
+    stuck = plan(PlanRequest(model="Llama-3.1-8B", lora_rank=16, gradient_checkpointing=checkpointing, batch_size=4,
+                             seq_length=65536, gpu_gb=24)).to_dict()
+    assert stuck["request"]["gradient_checkpointing"] is True and stuck["max_batch_size"] == 0
+    # The same words from a document that still says "auto" (an echo of the question as asked): resolved again.
+    as_asked = {**stuck, "request": {**stuck["request"], "gradient_checkpointing": checkpointing}}
+    for document in (stuck, as_asked):
+        hint = largest_fit_words(document).split("; ", 1)[1]
+        assert "need less" in hint and "4-bit base" in hint, hint
+        assert "LoRA" not in hint and "checkpointing" not in hint, hint
+
+
+def test_each_change_the_hint_names_is_one_the_request_has_not_made():
+    full = dataclasses.asdict(PlanRequest(model="Llama-3.1-8B").validated())
+    assert changes_that_need_less(full) == ["LoRA", "8-bit AdamW", "gradient checkpointing", "sharding over more GPUs"]
+    made = {  # a setting that makes one change -> the words that must then be gone from the hint
+        "LoRA": dict(lora_rank=16), "4-bit base": dict(lora_rank=16, qlora=True),
+        "8-bit AdamW": dict(optimizer="adamw_8bit"), "checkpointing": dict(gradient_checkpointing=True),
+        "sharding": dict(gpus=2, shard="fsdp"),
+    }
+    for words, settings in made.items():
+        request = dataclasses.asdict(PlanRequest(model="Llama-3.1-8B", **settings).validated())
+        changes = changes_that_need_less(request)
+        assert changes and not any(words in change for change in changes), (settings, changes)
