@@ -1,6 +1,7 @@
 """Figures from a real small run: every number drawn is checked against the document or preview it came from."""
 
 import io
+import json
 
 import matplotlib.colors
 import numpy as np
@@ -53,6 +54,76 @@ def test_batch_figure_labels_the_engine_numbers(preview):
         assert f"{preview['cost'][score_key]:,} scores" in texts
     assert "used by flatten, bfd in this run" in texts  # varlen attention on CPU: the block-only panel
     assert "used by naive-concat in this run" in texts
+
+
+def _no_loss_marked(figure: Figure) -> list[int]:
+    """Per panel that marks any, from the top: how many token slots the figure hatches as carrying no loss."""
+    marked = []
+    for axes in figure.axes:
+        spans = [path.get_extents().width for collection in axes.collections
+                 if collection.get_gid() == batch_picture.NO_LOSS_GID for path in collection.get_paths()]
+        if spans:
+            marked.append(round(sum(spans)))
+    return marked
+
+
+def _masked_beyond_starts(labels: list[int], lengths: list[int]) -> int:
+    """-100 labels of a flattened row that are not an example's first (those are -100 whatever the loss)."""
+    starts = set(np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist())
+    return sum(1 for index, label in enumerate(labels) if label == -100 and index not in starts)
+
+
+PROMPT_COMPLETION = [{"prompt": f"Question {i}: what is {i} plus {i}?",
+                      "completion": f" It is {2 * i}. " + "Check it twice. " * (1 + i % 4)} for i in range(12)]
+CHAT = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}? " + "Think. " * (i % 3)},
+                      {"role": "assistant", "content": f"It is {2 * i}." + " Sure." * (i % 4)}]} for i in range(12)]
+
+
+@pytest.mark.parametrize("rows, loss_on", [(PROMPT_COMPLETION, "auto"), (CHAT, "assistant")])
+def test_batch_figure_hatches_exactly_the_tokens_the_collated_labels_mask(tmp_path, rows, loss_on):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    masked = demo_core.preview(demo_core.RunConfig(dataset=str(data), samples=12, steps=2, batch_size=4,
+                                                   max_length=128, collators=("padded", "flatten", "bfd"),
+                                                   loss_on=loss_on))
+    assert masked["dataset_stats"]["loss_on"] in ("completion", "assistant")
+    figure = batch_picture.batch_figure(masked)
+    _renders(figure)
+    padded, flat, bfd = (masked["batches"][name] for name in ("padded", "flatten", "bfd"))
+    # The padded rows: -100 among each example's real tokens past its first (padding is -100 too, drawn grey).
+    padded_masked = sum(_masked_beyond_starts(row[:length], [length])
+                        for row, length in zip(padded["labels"], padded["lengths"]))
+    flat_masked = _masked_beyond_starts(flat["labels"][0], flat["lengths"])
+    bfd_masked = _masked_beyond_starts(bfd["labels"][0], bfd["lengths"])
+    assert 0 < flat_masked == padded_masked  # the same examples, the same prompts
+    assert _no_loss_marked(figure) == [padded_masked, flat_masked, bfd_masked]
+    texts = _texts(figure)
+    assert "no loss (prompt, masked -100)" in texts
+    assert f"the {flat_masked:,} of {flat['cu_seqlens'][-1]:,} tokens with no loss" in texts
+    # The boundaries keep their own mark, one ▲ per example start, apart from the hatching.
+    [triangles] = [line for axes in figure.axes for line in axes.get_lines() if line.get_marker() == "^"]
+    assert list(triangles.get_xdata()) == flat["cu_seqlens"][:-1]
+    phone = batch_picture.batch_figure(masked, PHONE_IN)  # the longer title and legend still fit a phone
+    assert cut_off(phone) == [] and overlapping(phone) == []
+
+
+def test_batch_figure_hatches_the_collated_labels_in_the_rows_it_draws_for_a_collator_not_run(tmp_path):
+    """Without padded and flatten in the run, the grid and the row it draws for them carry naive-concat's labels."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in CHAT))
+    masked = demo_core.preview(demo_core.RunConfig(dataset=str(data), samples=12, steps=2, batch_size=4,
+                                                   max_length=128, collators=("naive-concat",), loss_on="assistant"))
+    naive = masked["batches"]["naive-concat"]
+    expected = _masked_beyond_starts(naive["labels"][0], naive["lengths"])
+    assert expected > 0
+    assert _no_loss_marked(batch_picture.batch_figure(masked)) == [expected, expected]
+
+
+def test_batch_figure_of_a_loss_on_every_token_hatches_nothing(preview):
+    assert preview["dataset_stats"]["loss_on"] == "all"
+    figure = batch_picture.batch_figure(preview)
+    assert _no_loss_marked(figure) == []
+    assert "no loss (prompt, masked -100)" not in _texts(figure)
 
 
 def test_mask_images_compute_what_each_path_computes(preview):
