@@ -28,6 +28,9 @@ EXAMPLE_COLORS = colormaps["tab10"].colors  # one colour per example of the batc
 PAD_COLOR = "#dcdcdc"
 LEAK_COLOR = "#7a0019"  # attention to another example (naive concat)
 LABEL_MASK_COLOR = "black"
+NO_LOSS_HATCH = "////"  # over an example's colour: its tokens that carry no loss (the prompt's, label -100)
+NO_LOSS_FADE = (1, 1, 1, 0.45)  # and faded, for a screen too small to show the hatch
+NO_LOSS_GID = "no-loss"  # the artists that mark them, so tests can find them among the figure's
 
 LEAK, NOT_COMPUTED, MASKED = -1, 0, 1  # mask image codes; 2 + i is "attends within example i"
 MAX_GRID_COLUMNS = 1024  # wider padded grids are drawn one column per k slots: the picture, not every cell
@@ -76,10 +79,14 @@ def _padded_title(batch: dict) -> str:
             f"{batch['real_tokens']:,} real tokens: {batch['pad_fraction']:.0%} of the compute is padding (grey){more}")
 
 
-def _flat_title(batch: dict) -> str:
+def _flat_title(batch: dict, loss_on: str) -> str:
+    total = batch["cu_seqlens"][-1]
+    no_loss = sum(count for _, count in no_loss_spans(batch["labels"][0], batch["cu_seqlens"][:-1], total))
+    masked = (f";\nhatched: the {no_loss:,} of {total:,} tokens with no loss (loss on {loss_on}: label -100)"
+              if no_loss else "")
     return (f"padding-free (flatten): the same {len(batch['lengths'])} examples in 1 row × "
-            f"{batch['cu_seqlens'][-1]:,} tokens, 0% padding.\n"
-            f"Each example's first label is -100 (▲), so no token is trained to follow the example before it")
+            f"{total:,} tokens, 0% padding.\n"
+            f"Each example's first label is -100 (▲), so no token is trained to follow the example before it{masked}")
 
 
 def _packed_rows_title(name: str, batch: dict, max_length: int) -> str:
@@ -101,6 +108,8 @@ def _draw_padded(axes, batch: dict, title: str) -> None:
     for index, length in enumerate(shown):
         axes.text(width * 1.01, index, f"{length} real + {width - length} pad", va="center", fontsize=LABEL_PT,
                   clip_on=False)
+        if "labels" in batch:  # the collated labels: -100 on padding, and on the prompt with a loss mask
+            _draw_no_loss(axes, no_loss_spans(batch["labels"][index], [0], length), index - 0.5, 1.0)
     axes.set_yticks(range(len(shown)), [f"ex {i}" for i in range(len(shown))], fontsize=LABEL_PT)
     axes.set_xlim(0, width)
     axes.set_xlabel("token slot in the row", fontsize=LABEL_PT)
@@ -115,6 +124,28 @@ def _draw_segments(axes, lengths: list[int], y: float, height: float, first_colo
                      edgecolor="white", linewidth=0.6)
 
 
+def no_loss_spans(labels: list[int], starts: list[int], length: int) -> list[tuple[int, int]]:
+    """(start, count) runs of a row's first `length` tokens whose label is -100, other than the examples' first
+    tokens (`starts`): the tokens the loss mask leaves out (the prompt's, with loss on completion or assistant).
+    Each example's first label is -100 in every packed layout, whatever the loss: it is marked apart (▲)."""
+    starts_set = set(starts)
+    masked = [index for index in range(length) if labels[index] == -100 and index not in starts_set]
+    spans: list[tuple[int, int]] = []
+    for index in masked:
+        if spans and spans[-1][0] + spans[-1][1] == index:
+            spans[-1] = (spans[-1][0], spans[-1][1] + 1)
+        else:
+            spans.append((index, 1))
+    return spans
+
+
+def _draw_no_loss(axes, spans: list[tuple[int, int]], y: float, height: float) -> None:
+    """Hatch the no-loss tokens over their example's colour, so the example stays recognisable."""
+    if spans:
+        axes.broken_barh(spans, (y, height), facecolors=NO_LOSS_FADE, edgecolor="white", hatch=NO_LOSS_HATCH,
+                         linewidth=0, gid=NO_LOSS_GID)
+
+
 def _draw_flattened(axes, positions_axes, batch: dict, title: str, positions_title: str, labels: int) -> None:
     lengths, cu_seqlens = batch["lengths"], batch["cu_seqlens"]
     total = cu_seqlens[-1]
@@ -125,8 +156,11 @@ def _draw_flattened(axes, positions_axes, batch: dict, title: str, positions_tit
         axes.text(boundary, 1.08 + 0.32 * (rank % 2), f"{boundary}", ha="center", va="bottom", fontsize=SMALL_PT)
     axes.vlines(cu_seqlens, -0.1, 1.05, color="black", linewidth=0.8)
     axes.text(0, 1.95, "cu_seqlens (where each example starts):", fontsize=SMALL_PT, va="bottom")
-    masked = [index for index, label in enumerate(batch["labels"][0]) if label == -100]
-    axes.plot(masked, [-0.3] * len(masked), marker="^", linestyle="none", color=LABEL_MASK_COLOR, markersize=5)
+    labels, starts = batch["labels"][0], cu_seqlens[:-1]
+    _draw_no_loss(axes, no_loss_spans(labels, starts, total), 0.0, 1.0)
+    boundaries = [start for start in starts if labels[start] == -100]
+    axes.plot(boundaries, [-0.3] * len(boundaries), marker="^", linestyle="none", color=LABEL_MASK_COLOR,
+              markersize=5)
     axes.text(total, -0.3, "  ▲ label -100", color=LABEL_MASK_COLOR, fontsize=SMALL_PT, va="center", clip_on=False)
     axes.set_ylim(-0.6, 2.3)
     axes.set_xlim(0, total)
@@ -146,10 +180,15 @@ def _draw_flattened(axes, positions_axes, batch: dict, title: str, positions_tit
 
 def _draw_packed_rows(axes, batch: dict, max_length: int, title: str, first_color: int) -> None:
     """The packed rows, their examples coloured from `first_color` on (they are not the first batch's)."""
-    row_lengths = batch["row_lengths"]
-    color = first_color
+    row_lengths, labels = batch["row_lengths"], batch["labels"][0]
+    color, offset = first_color, 0
     for row, lengths in enumerate(row_lengths):
         _draw_segments(axes, lengths, row - 0.4, 0.8, first_color=color)
+        # The batch's labels are the rows flattened one after another: this row's are the next sum(lengths).
+        row_labels = labels[offset:offset + sum(lengths)]
+        starts = [int(start) for start in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
+        _draw_no_loss(axes, no_loss_spans(row_labels, starts, sum(lengths)), row - 0.4, 0.8)
+        offset += sum(lengths)
         color += len(lengths)
         axes.text(max_length * 1.01, row, f"{len(lengths)} example{'s' if len(lengths) > 1 else ''}, "
                   f"{sum(lengths)} tokens", va="center", fontsize=LABEL_PT, clip_on=False)
@@ -257,18 +296,27 @@ def _draw_mask(axes, lengths: list[int], panel: str, title: str, used_by: list[s
                       color=color)
 
 
-def _padded_view(lengths: list[int]) -> dict:
-    """The padded batch of these examples, for when `padded` is not among the collators."""
+def _padded_view(lengths: list[int], flat: dict) -> dict:
+    """The padded batch of these examples, for when `padded` is not among the collators: each row's labels those
+    of its example in the flattened row (`flat`), then -100 padding."""
     slots = len(lengths) * max(lengths)
+    starts = flat["cu_seqlens"][:-1]
+    labels = [flat["labels"][0][start:start + length] + [-100] * (max(lengths) - length)
+              for start, length in zip(starts, lengths)]
     return {"lengths": lengths, "padded_slots": slots, "real_tokens": sum(lengths),
-            "pad_fraction": 1 - sum(lengths) / slots}
+            "pad_fraction": 1 - sum(lengths) / slots, "labels": labels}
 
 
-def _flat_view(lengths: list[int]) -> dict:
-    """The flattened row of these examples, for when `flatten` is not among the collators."""
+def _flat_view(lengths: list[int], batch: dict) -> dict:
+    """The flattened row of these examples, for when `flatten` is not among the collators: its labels from
+    `batch`'s collated ones (one row already, or each padded row's real tokens in turn), each example's first -100
+    as flattening sets it."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    rows = [row[:length] for row, length in zip(batch["labels"], lengths)] if len(batch["labels"]) > 1 else [
+        batch["labels"][0][start:start + length] for start, length in zip(starts, lengths)]
     return {"lengths": lengths, "cu_seqlens": [int(b) for b in np.concatenate([[0], np.cumsum(lengths)])],
             "position_ids": [position for length in lengths for position in range(length)],
-            "labels": [[-100 if position == 0 else 0 for length in lengths for position in range(length)]]}
+            "labels": [[-100 if position == 0 else label for row in rows for position, label in enumerate(row)]]}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -340,9 +388,12 @@ def _shown_batches(preview: dict) -> tuple[list[int], dict, dict, str | None]:
     specs = {name: collator_spec(name) for name in batches}
     # Every collator but the packed-rows ones batches the same first examples; those regroup the whole dataset.
     unpacked = [name for name, spec in specs.items() if not spec.packed_rows]
-    lengths = batches[unpacked[0]]["lengths"] if unpacked else batches[next(iter(batches))]["lengths"]
-    padded = next((batches[name] for name in unpacked if specs[name].layout == "padded"), _padded_view(lengths))
-    flat = next((batches[name] for name in unpacked if specs[name].layout == "packed"), _flat_view(lengths))
+    source = batches[unpacked[0] if unpacked else next(iter(batches))]
+    lengths = source["lengths"]
+    flat = next((batches[name] for name in unpacked if specs[name].layout == "packed"), None) or _flat_view(
+        lengths, source)
+    padded = next((batches[name] for name in unpacked if specs[name].layout == "padded"), None) or _padded_view(
+        lengths, flat)
     packed_rows = next((name for name, spec in specs.items() if spec.packed_rows), None)
     return lengths, padded, flat, packed_rows
 
@@ -356,7 +407,8 @@ def _texts(preview: dict, layout: BatchLayout, lengths: list[int], padded: dict,
         "figure": wrap(f"The first batch ({len(lengths)} examples) as each collator builds it, and the attention each "
                        f"path computes for it ({preview['attention']} attention on {preview['device']})",
                        width=int(layout.wrap * TITLE_PT / FIGURE_TITLE_PT)),
-        "padded": wrap(_padded_title(padded)), "flat": wrap(_flat_title(flat)),
+        "padded": wrap(_padded_title(padded)),
+        "flat": wrap(_flat_title(flat, preview["dataset_stats"].get("loss_on", "all"))),
         "positions": wrap("position_ids restart at 0 at each boundary, as if each example were alone"),
     }
     if packed_rows is not None:
@@ -369,6 +421,9 @@ def _texts(preview: dict, layout: BatchLayout, lengths: list[int], padded: dict,
         Patch(color=PAD_COLOR, label="padding / masked: computed, then wasted"),
         Patch(color=LEAK_COLOR, label="attention leaking across examples"),
         Line2D([], [], color=LABEL_MASK_COLOR, marker="^", linestyle="none", label="label -100: not trained on")]
+    if no_loss_spans(flat["labels"][0], flat["cu_seqlens"][:-1], flat["cu_seqlens"][-1]):
+        legend.append(Patch(facecolor=_example_color(0), edgecolor="white", hatch=NO_LOSS_HATCH,
+                            label="no loss (prompt, masked -100)"))
     return titles, masks, legend
 
 

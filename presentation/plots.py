@@ -261,11 +261,13 @@ class MemoryBars:
 
 
 def _memory_bars(memory: dict) -> MemoryBars:
-    """What was alive at each one peak (the estimate's and the measurement's), labelled with the peak the results
-    table shows (`peak_bytes` is the result's `peak_memory_bytes`)."""
-    peak, estimated = memory.get("peak_bytes"), memory.get("estimated_peak_bytes")
+    """What was alive at the moment both sides are compared at (`compared_moment`: on a CPU the end of the forward,
+    on CUDA the step's peak), labelled with the peak the results table shows (`peak_bytes` is the result's
+    `peak_memory_bytes`). A document saved before `compared_moment` stacks the estimate at its own peak."""
+    estimate = memory.get("estimated_at_compared") or memory["estimated_at_peak"]
+    peak, estimated = memory.get("peak_bytes"), sum(estimate.values())
     error = f"est. {(estimated - peak) / peak:+.0%}" if peak and estimated else ""
-    return MemoryBars(memory["estimated_at_peak"], memory["measured_at_peak"] if peak else {},
+    return MemoryBars(estimate, memory["measured_at_peak"] if peak else {},
                       human_bytes(peak) if peak else "not measured", error)
 
 
@@ -294,6 +296,10 @@ def _memory_stacks(axes, pairs: list[MemoryBars]) -> set[str]:
     return drawn
 
 
+# A result's `compared_moment` (demo_core/memory/measure.py), in the chart's title.
+MOMENT_WORDS = {"forward_end": "the end of a training step's forward", "peak": "the peak of a training step"}
+
+
 def _memory_words(results: list[dict], at_peak: bool) -> tuple[str, str]:
     """The title, and the words under the collators: what the measurement is on this device."""
     if not at_peak:
@@ -303,15 +309,20 @@ def _memory_words(results: list[dict], at_peak: bool) -> tuple[str, str]:
         note = (f"\n* error over the measured categories ({', '.join(not_measured)} not measurable here)"
                 if not_measured else "")
         return f"Memory at a training step, per category\n(left, hatched: estimate; right, solid: measured){note}", ""
+    kind = results[0]["memory"].get("peak_kind")
+    words = f"measured: {_what_it_is(kind)}" if kind else ""
+    compared = {result["memory"].get("compared_moment") for result in results}
+    if len(compared) == 1 and None not in compared:
+        moment = compared.pop()
+        return (f"Memory alive at {MOMENT_WORDS.get(moment, moment)}, per category: the estimate (left, hatched) and "
+                f"the measurement (right, solid) at the same moment; label: the measured bytes", words)
     moments = {(result["memory"].get("estimated_peak_moment"), result["memory"].get("peak_moment"))
                for result in results}
     # The moments are the same for every collator of a run; were they not, the title could name none of them.
     estimated, measured = moments.pop() if len(moments) == 1 else (None, None)
     estimated_at, measured_at = (f" at {moment}" if moment else "" for moment in (estimated, measured))
-    kind = results[0]["memory"].get("peak_kind")
     return (f"Memory alive at the peak of a training step, per category\n(left, hatched: estimate{estimated_at}; "
-            f"right, solid: measured{measured_at}; label: the measured peak)",
-            f"measured: {_what_it_is(kind)}" if kind else "")
+            f"right, solid: measured{measured_at}; label: the measured peak)", words)
 
 
 def _what_it_is(peak_kind: str) -> str:
@@ -321,8 +332,9 @@ def _what_it_is(peak_kind: str) -> str:
 
 
 def memory_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: float = FIGURE_DPI) -> Figure:
-    """Per collator a pair of stacked bars, the estimate (hatched) and the measurement (solid), each what was alive at
-    its peak, labelled with the measured peak, the number the results table shows."""
+    """Per collator a pair of stacked bars, the estimate (hatched) and the measurement (solid), what each says was
+    alive at one moment of the step (the title names it), labelled with the measured peak, the number the results
+    table shows."""
     results = [result for result in document["results"] if (result.get("memory") or {}).get("estimate")]
     if not results:
         return _text_figure("Memory breakdown: not available for this run.\n"
@@ -337,7 +349,7 @@ def memory_figure(document: dict, width_in: float = RESULT_WIDTH_IN, *, dpi: flo
     drawn = _memory_stacks(axes, pairs)
     _collator_ticks(axes, [_result_label(result) for result in results], width_in - Y_AXIS_IN)
     axes.set_xlabel(words, fontsize=8)
-    axes.set_ylabel("MB at the peak of a step")
+    axes.set_ylabel("MB alive at that moment")
     handles = [Patch(color=color, label=category) for category, color in MEMORY_CATEGORY_COLORS.items()
                if category in drawn]
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//", label="estimate (left bar)"))

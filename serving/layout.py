@@ -72,9 +72,10 @@ FIGURE_TEXT = {
                   "a whisker for the middle half of its steps; a dashed line marks the ideal speedup by slots and a "
                   "dotted mark over each bar its work ideal, named in the legend under the chart",
     "loss": "Training loss per optimizer step, one line per collator; correct packing overlaps the padded line",
-    "memory": "Stacked bars per collator of the memory alive at the peak of a training step, by category (weights, "
-              "gradients, optimizer, activations, temporary; on a GPU the allocator's unsplit rest as other): the "
-              "estimate at its peak (hatched) beside the measurement at its own (solid), each pair labelled with the "
+    "memory": "Stacked bars per collator of the memory alive at one moment of a training step, by category "
+              "(weights, gradients, optimizer, activations, temporary; on a GPU the allocator's unsplit rest as "
+              "other): the estimate (hatched) beside the measurement (solid) at the same moment, which the title "
+              "names (on a GPU the step's peak, on a CPU the end of the forward), each pair labelled with the "
               "measured peak the results table shows and the estimate's error; the line under the bars says what the "
               "measurement is on this device",
     "anatomy": "Stacked bars of where the median profiled training step's time went per collator: by phase (forward, "

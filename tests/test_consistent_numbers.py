@@ -7,7 +7,7 @@ import pytest
 from test_timing import make_result
 
 from demo_core import RunConfig, run_comparison
-from demo_core.memory.measure import PhasePeaks, measured_peak
+from demo_core.memory.measure import PhasePeaks, compared_moment, measured_peak
 from demo_core.results import compare
 from presentation.report import best_speedup
 
@@ -47,6 +47,9 @@ def test_a_cpu_result_has_one_peak_said_in_words_and_made_of_what_was_alive_then
         assert result["peak_memory_kind"].startswith("sum of live tensor sizes at the end of the forward")
         assert memory["peak_kind"] == result["peak_memory_kind"]
         assert sum(memory["estimated_at_peak"].values()) == memory["estimated_peak_bytes"]
+        # the chart's estimate is the one of the moment measured, the forward's end: no gradients, no temporaries
+        assert memory["compared_moment"] == memory["peak_moment"] == "forward_end"
+        assert set(memory["estimated_at_compared"]) == {"weights", "optimizer", "activations", "context"}
         # every category summed (the old chart's total) counts the gradients, never alive with the activations
         assert sum(v or 0 for v in memory["measured"].values()) > result["peak_memory_bytes"]
 
@@ -57,3 +60,4 @@ def test_a_cuda_peak_splits_into_what_is_held_and_what_the_allocator_held_beyond
     peak, moment, parts = measured_peak("cuda", {"weights": 300, "optimizer": 200, "activations": 450}, peaks)
     assert (peak, moment) == (1_000, "backward_end")
     assert parts == {"weights": 300, "optimizer": 200, "other": 500}
+    assert compared_moment("cuda", moment) == "peak"  # the allocator's peak over the step: the estimate's peak

@@ -147,8 +147,11 @@ def memory_of_burst(source: ModelSource, recorder: "MemoryRecorder", first_batch
     report["measured_at_peak"] = at_peak
     report["estimated_peak_bytes"] = estimate.peak_bytes
     report["estimated_peak_moment"] = estimate.peak_moment
-    report["estimated_at_peak"] = memory_estimate.live_by_moment(estimate.categories,
-                                                                 estimate.temporary_terms)[estimate.peak_moment]
+    live = memory_estimate.live_by_moment(estimate.categories, estimate.temporary_terms)
+    report["estimated_at_peak"] = live[estimate.peak_moment]
+    # What the chart compares: both sides at one moment of the step (memory_measure.compared_moment).
+    report["compared_moment"] = memory_measure.compared_moment(run.device, peak_moment)
+    report["estimated_at_compared"] = live.get(report["compared_moment"], report["estimated_at_peak"])
     report["phase_peaks"] = dict(recorder.peaks.peaks)
     if run.fsdp:
         report["shard"] = "fsdp"
