@@ -131,5 +131,5 @@ def test_the_preview_says_what_the_same_comparison_would_give_on_each_gpu():
     fast, slow = on_gpus["h100-sxm"]["collators"], on_gpus["t4"]["collators"]
     assert slow["padded"]["tokens_per_s"] < fast["padded"]["tokens_per_s"]
     assert slow["flatten"]["speedup_vs_padded"] > fast["flatten"]["speedup_vs_padded"]
-    row = next(line for line in forecast_rows(numbers).splitlines() if "on a GPU" in line)
+    row = next(line for line in forecast_rows(numbers).splitlines() if "on each GPU" in line)
     assert f"{on_gpus['t4']['label']} {slow['flatten']['speedup_vs_padded']:.2f}×" in row
