@@ -8,7 +8,6 @@ Run `pytest -s tests/test_memory_families.py` to see the table.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from demo_core.memory.estimate import estimate_memory_detail
 from demo_core.memory.step import StepShape, TrainingSettings
@@ -21,13 +20,8 @@ PADDED_LENGTHS = [64, 21, 47, 33]
 PACKED_LENGTHS = [40, 17, 60, 33, 50]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """Tiny forwards: OpenMP's hand-off costs more than the work on a busy machine (the probe runs this way too)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny forwards: OpenMP's hand-off costs more than the work on a busy machine (the probe runs this way too).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 CASES = [(family, attention, layout, precision) for family in FAMILIES

@@ -96,13 +96,8 @@ def held_saved_bytes(model: torch.nn.Module, batch: dict) -> int:
     return meter.saved_bytes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """Tiny forwards: OpenMP's hand-off costs more than the work on a busy machine (the probe runs this way too)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny forwards: OpenMP's hand-off costs more than the work on a busy machine (the probe runs this way too).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _lengths(family: str, layout: str) -> list[int]:
