@@ -17,6 +17,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import demo_core  # noqa: E402  (after the variables: it imports huggingface_hub)
 
+from chromium import launch_chromium  # noqa: E402
+
 pytest_plugins = ["memory_log"]  # PACKING_LAB_MEMORY_LOG=<file>: resident memory after every test (memory_log.py)
 
 
@@ -45,6 +47,17 @@ def lab_app(tmp_path_factory):
         app.launch(prevent_thread_lock=True, server_port=_free_port(), quiet=True)
         yield app
         app.demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser(lab_app):
+    """Chromium, one per test file that asks for it, pointed at nothing yet (each test opens its own tabs)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        yield chromium
+        chromium.close()
 
 
 @pytest.fixture(autouse=True, scope="module")

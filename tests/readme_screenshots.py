@@ -18,7 +18,7 @@ os.environ.setdefault("PACKING_LAB_DATA_DIR", tempfile.mkdtemp(prefix="packing-l
 
 import app  # noqa: E402  (after the data folder is set: the app reads it when imported)
 
-from test_browser import CHROMIUM, CHROMIUM_FLAGS  # noqa: E402
+from chromium import launch_chromium  # noqa: E402
 
 COLLATORS = ("padded", "flatten", "bfd", "trl-padding-free")
 RUN = {"samples": 64, "steps": 8, "batch_size": 8}
@@ -45,7 +45,7 @@ def main() -> None:
     app.compare(model="tiny-llama", collators=COLLATORS, **RUN)
     run_id = app.HISTORY.entries()[-1].run_id
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        browser = launch_chromium(playwright)
         desktop = _redrawn(browser, app.demo.local_url, run_id, {"width": 1440, "height": 900}, 1)
         desktop.evaluate("() => window.scrollTo(0, 0)")
         desktop.screenshot(path=str(REPO / "docs" / "screenshot.png"), full_page=True)

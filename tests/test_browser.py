@@ -6,8 +6,8 @@ the numbers of the same run, speed, memory and loss of each packed collator big 
 figures beside them (a desktop) or reached by Run (a phone), figures drawn for the screen's width and pixel density
 (sharp on a phone's 3 device pixels per CSS pixel), Run off while it trains, a history click that puts that run's
 settings back, an error message that stays, a phone page without sideways scrolling whose Run stays in reach, every
-collator told apart, every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA). Saves screenshots and
-timings under test-artifacts/ (the README's come from tests/readme_screenshots.py). Then uploads a
+collator told apart, every figure described to screen readers, and text contrast of at least 4.5:1 (WCAG AA).
+Saves screenshots and timings under test-artifacts/ (the README's come from tests/readme_screenshots.py). Then uploads a
 file in a tab of its own: its run is listed in that tab only, the upload box empties, and closing the tab deletes
 the run.
 """
@@ -21,16 +21,14 @@ import pytest
 import demo_core
 from serving.sessions import Session
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from chromium import needs_chromium
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 DESKTOP, PHONE = {"width": 1500, "height": 1000}, {"width": 390, "height": 844}
 RUN_TIMEOUT_MS = 600_000  # two shared cores: a run's time varies 2-3x from minute to minute
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                                "(apt-get install chromium; .ci/run installs it)")
+pytestmark = needs_chromium
 
 PICTURE_SOURCE = "() => document.querySelector('#batch-plot img')?.src ?? ''"
 RUN_DISABLED = "() => document.querySelector('#run').disabled"
@@ -177,15 +175,6 @@ def _screenshot(page, name: str, full_page: bool = False) -> None:
     page.wait_for_timeout(500)  # the Run button's fade back from disabled
     page.screenshot(path=str(ARTIFACTS / name), full_page=full_page)
 
-
-@pytest.fixture(scope="module")
-def browser(lab_app):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 def _tab(browser, viewport: dict, pixel_ratio: float = 1):

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from test_browser import CHROMIUM, CHROMIUM_FLAGS, DESKTOP, RUN_DISABLED, press_run
+from chromium import launch_chromium, needs_chromium
+from test_browser import DESKTOP, RUN_DISABLED, press_run
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                                "(apt-get install chromium; .ci/run installs it)")
+pytestmark = needs_chromium
 
 TRAINED = re.compile(r"trained tokens ([\d,]+) of ([\d,]+) \((\d+)%\)")
 
@@ -21,7 +21,7 @@ def tab(lab_app):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        chromium = launch_chromium(playwright)
         page = chromium.new_page(viewport=DESKTOP)
         page.set_default_timeout(120_000)
         page.goto(lab_app.demo.local_url)

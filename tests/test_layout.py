@@ -27,12 +27,12 @@ import pytest
 
 from demo_core import COLLATORS
 
+from chromium import needs_chromium
 from layout_checks import described, figure_defects
 from layout_states import BEFORE_TRAINING, PHONE_WIDTHS, SCREENS, STATES, Screens, chat_file
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS, press_run
+from test_browser import ARTIFACTS, DONE, RUN_DISABLED, RUN_TIMEOUT_MS, press_run
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                                "(apt-get install chromium; .ci/run installs it)")
+pytestmark = needs_chromium
 
 THREE_PACKED = ("padded", "flatten", "naive-concat", "bfd")  # three packed: the most the headline shows as cards
 # 5 steps: the fewest that time enough of them for a speedup (timing.py); 16 samples in batches of 4 keep them short
@@ -50,15 +50,6 @@ def _set_number(page, elem_id: str, value: int) -> None:
     box.fill(str(value))
     box.press("Enter")
 
-
-@pytest.fixture(scope="module")
-def browser(lab_app):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 def _run_on_a_phone(browser, url: str, collators: tuple[str, ...]) -> dict:

@@ -17,9 +17,8 @@ from demo_core import RunConfig, run_comparison
 from presentation.recipe_script import with_code
 from presentation.run_report import DENSITY, FIGURES, report_html, report_zip
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from chromium import launch_chromium, needs_chromium
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -98,14 +97,14 @@ def test_the_zip_is_the_same_report_in_markdown_with_its_pngs(document):
     assert "data:image" not in markdown and "```python" in markdown and "| collator |" in markdown
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@needs_chromium
 def test_the_report_opens_offline_in_chromium_with_every_figure(document, tmp_path):
     from playwright.sync_api import sync_playwright
 
     path = tmp_path / "report.html"
     path.write_text(report_html(document))
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        chromium = launch_chromium(playwright)
         context = chromium.new_context(viewport={"width": 1200, "height": 900}, device_scale_factor=2)
         requests = []
 

@@ -16,10 +16,9 @@ from gradio_client import Client, handle_file
 from serving.sessions import Session
 from serving.sharing import without_uploaded_text
 
-CHROMIUM = Path("/usr/bin/chromium")
+from chromium import needs_chromium
+
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TINY = dict(samples=16, steps=2, batch_size=4, collators="padded,flatten")
 SECRET = "confidential-ledger-0815"
 
@@ -85,17 +84,6 @@ def test_a_revoked_link_opens_nothing(lab_app, sharer):
     assert b.predict(sharer["link"]["token"], api_name="/shared")["results"]  # the first link still opens
 
 
-@pytest.fixture(scope="module")
-def browser(lab_app):
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield chromium
-        chromium.close()
-
 
 def _open(browser, url: str):
     """A page in a browser context of its own (another visitor)."""
@@ -106,6 +94,7 @@ def _open(browser, url: str):
     return context, page
 
 
+@needs_chromium
 def test_a_shared_link_opens_in_a_second_browser_context_and_shows_nothing_else(browser, lab_app, sharer):
     shared, other = sharer["shared"], sharer["other"]
     context, page = _open(browser, lab_app.demo.local_url + sharer["link"]["query"])
@@ -135,6 +124,7 @@ def test_a_shared_link_opens_in_a_second_browser_context_and_shows_nothing_else(
     context.close()
 
 
+@needs_chromium
 def test_share_on_the_page_gives_a_link_that_its_owner_revokes(browser, lab_app, sharer):
     document = without_uploaded_text(sharer["shared"].document)
     document = {**document, "config": {**document["config"], "dataset": "flan-like"}}
