@@ -151,7 +151,8 @@ def _fms_rows() -> list[PublishedRow]:
         run = {**_FMS_BASE, "batch_size": batch, "gpus": gpus, "shard": "fsdp" if gpus > 1 else "none",
                **(_FMS_QLORA if kind != "full" else {})}
         rows.append(PublishedRow(
-            FMS_CSV, f"Mistral-7B-v0.1 {_FMS_NAMES[kind]}, {gpus}x A100-80GB (FSDP over 2), per-GPU batch {batch}, "
+            FMS_CSV, f"Mistral-7B-v0.1 {_FMS_NAMES[kind]}, {gpus}x A100-80GB{' FSDP' if gpus > 1 else ''}, "
+                     f"per-GPU batch {batch}, "
                      "grad accum 2, fp16 weights, gradient checkpointing, FA2, OrcaMath train[:8000]",
             _FMS_ASSUMED + ("; GPTQ's 4-bit base priced as QLoRA's" if kind == "gptq" else ""),
             "Mistral-7B-v0.3", "orcamath-8k (fms)", run, "flatten", free_sps / padded_sps,

@@ -315,7 +315,7 @@ def human_seconds(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-PREDICTION_BASIS = {"history": "from earlier runs of this model here",
+PREDICTION_BASIS = {"history": "from earlier runs of this model here", "model": "by the step-time model for this GPU",
                     "parameters": "from the parameter count, on the slow side"}
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from demo_core import RunConfig, prepare, preview
+from demo_core.training import duration
 from demo_core.training.duration import slots_per_step
 
 RUN = dict(model="tiny-llama", dataset="flan-like", samples=32, steps=10, batch_size=4,
@@ -57,3 +61,30 @@ def test_a_long_run_is_flagged_long():
     prepared = prepare(RunConfig(**{**RUN, "steps": 1000}))
     predicted = preview(prepared, earlier_runs=[_earlier_run(1e-3)])["predicted"]
     assert predicted["duration_s"] > predicted["long_after_s"] and predicted["long"] is True
+
+
+def _on_a_gpu(monkeypatch, device_name: str):
+    """The run as it would resolve on a CUDA card of `device_name` (the card is the boundary this machine lacks)."""
+    prepared = prepare(RunConfig(**RUN))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: device_name)
+    return dataclasses.replace(prepared, resolved=dataclasses.replace(prepared.resolved, device="cuda",
+                                                                      precision="bf16"))
+
+
+def test_on_a_gpu_the_table_knows_the_time_comes_from_the_step_time_model(monkeypatch):
+    on_h100 = _on_a_gpu(monkeypatch, "NVIDIA H100 80GB HBM3")
+    predicted = duration.predicted(on_h100)
+    assert predicted["basis"] == "model"
+    speedup = on_h100.predicted_speedups["flatten"]
+    # the model's own step times: flatten's step is padded's over the model's speedup, not the slots' ratio
+    assert predicted["step_s"]["padded"] / predicted["step_s"]["flatten"] == pytest.approx(speedup)
+    slots = slots_per_step(on_h100)
+    assert speedup != pytest.approx(slots["padded"] / slots["flatten"], rel=0.01)
+    # an earlier run of the same kind on this machine still comes first
+    earlier = {**_earlier_run(2e-4), "config": on_h100.document_config()}
+    assert duration.predicted(on_h100, [earlier])["basis"] == "history"
+
+
+def test_on_a_gpu_the_table_does_not_know_the_time_comes_from_the_parameter_count(monkeypatch):
+    predicted = duration.predicted(_on_a_gpu(monkeypatch, "Some Future Accelerator 9000"))
+    assert predicted["basis"] == "parameters"

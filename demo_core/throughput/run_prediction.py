@@ -51,38 +51,40 @@ def _priced(run: RunConfig, costing, lengths: list[int]) -> dict[str, float]:
     return {name: entry["speedup_vs_padded"] for name, entry in _run_priced(run, costing, lengths).items()}
 
 
-def predicted_speedups(run: RunConfig, model_config: Any, lengths: list[int], rates: CpuRates | None = None
-                       ) -> dict[str, float]:
-    """Predicted speedup over padded of each collator of a resolved run (`RunConfig.resolved`) on this CPU, for its
-    examples' `lengths` in their trained order."""
+def _cpu_costing(run: RunConfig, model_config: Any, rates: CpuRates | None = None):
+    """This CPU at its measured rates, fp32 as CPU bursts train, the varlen path's SDPA per bucket of lengths."""
     rates = rates or process_cpu_rates(run.threads)
     device, efficiencies = cpu_device(rates)
     attention = run.attention if run.attention in ("varlen", "sdpa", "eager") else "sdpa"
     varlen = attention == "varlen"
-    costing = costing_for(model_config, _settings(run, "fp32", "auto", attention), device, tuple(run.lora_targets),
-                          efficiencies, segment_pairs=bucket_pairs if varlen else None,
-                          segment_calls=bucket_ops if varlen else None)
-    return _priced(run, costing, lengths)
+    return costing_for(model_config, _settings(run, "fp32", "auto", attention), device, tuple(run.lora_targets),
+                       efficiencies, segment_pairs=bucket_pairs if varlen else None,
+                       segment_calls=bucket_ops if varlen else None)
 
 
-def predicted_speedups_on_gpu(run: RunConfig, model_config: Any, lengths: list[int], device: Device
-                              ) -> dict[str, float]:
-    """The same on a GPU of the table, at its datasheet rates and the calibrated efficiencies."""
+def _gpu_costing(run: RunConfig, model_config: Any, device: Device):
+    """A GPU of the table at its datasheet rates and the calibrated efficiencies."""
     precision, weights = _RUN_PRECISIONS.get(run.precision, ("bf16", "auto"))
     attention = run.attention if run.attention in ("flash_attention_2", "varlen", "sdpa", "eager") else "sdpa"
-    costing = costing_for(model_config, _settings(run, precision, weights, attention), device,
-                          tuple(run.lora_targets))
-    return _priced(run, costing, lengths)
+    return costing_for(model_config, _settings(run, precision, weights, attention), device, tuple(run.lora_targets))
 
 
-def predicted_for_run(run: RunConfig, model_config: Any, lengths: list[int], device_name: str | None = None
-                      ) -> dict[str, float] | None:
-    """Each collator's predicted speedup for a resolved run on the device it trained on; `device_name`: torch's
-    name of the CUDA device (None on a CPU). None where the model has no entry for the device."""
+def predicted_speedups(run: RunConfig, model_config: Any, lengths: list[int], rates: CpuRates | None = None
+                       ) -> dict[str, float]:
+    """Predicted speedup over padded of each collator of a resolved run (`RunConfig.resolved`) on this CPU, for its
+    examples' `lengths` in their trained order."""
+    return _priced(run, _cpu_costing(run, model_config, rates), lengths)
+
+
+def priced_for_run(run: RunConfig, model_config: Any, lengths: list[int], device_name: str | None = None
+                   ) -> dict[str, dict] | None:
+    """Each collator of a resolved run priced on the device it trains on (`tokens_per_s`, `step_s`,
+    `speedup_vs_padded`...); `device_name`: torch's name of the CUDA device (None on a CPU). None where the model
+    has no entry for the device."""
     if run.device == "cpu":
-        return predicted_speedups(run, model_config, lengths)
+        return _run_priced(run, _cpu_costing(run, model_config), lengths)
     device = gpu_for_device_name(device_name or "")
-    return None if device is None else predicted_speedups_on_gpu(run, model_config, lengths, device)
+    return None if device is None else _run_priced(run, _gpu_costing(run, model_config, device), lengths)
 
 
 def gpu_predictions(asked: RunConfig, resolved: RunConfig, model_config: Any, lengths: list[int]) -> dict:

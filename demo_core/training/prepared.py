@@ -18,7 +18,7 @@ from demo_core.data import loading as data
 from demo_core.errors import DemoInputError
 from demo_core.models.sources import ModelSource
 from demo_core.results import Comparison, Result
-from demo_core.throughput.run_prediction import predicted_for_run
+from demo_core.throughput.run_prediction import priced_for_run
 from demo_core.throughput.work import ideal_speedup
 from demo_core.training import distributed
 from demo_core.training.trainers import TrainingRows
@@ -60,15 +60,25 @@ class Prepared:
                              grad_accum=self.config.grad_accum)
 
     @functools.cached_property
-    def predicted_speedups(self) -> dict[str, float] | None:
-        """Each collator's speedup over padded as the step-time model predicts it for this run's own batches on the
-        device it trains on (a CPU at its measured rates, a GPU of the table); None where it has no prediction."""
-        device_name = torch.cuda.get_device_name() if self.resolved.device == "cuda" else None
+    def priced_on_device(self) -> dict[str, dict] | None:
+        """This run's own batches priced by the step-time model on the device it trains on (a CPU at its measured
+        rates, a GPU of the table): per collator `step_s`, `tokens_per_s`, `speedup_vs_padded`. None where it has no
+        entry for the device."""
         try:
-            return predicted_for_run(self.resolved, self.source.config, [len(ids) for ids in self.examples],
-                                     device_name)
+            # ZeroGPU's server process has no card until a worker attaches one: no name, no entry, no prediction
+            device_name = torch.cuda.get_device_name() if self.resolved.device == "cuda" else None
+        except (RuntimeError, AssertionError):
+            return None
+        try:
+            return priced_for_run(self.resolved, self.source.config, [len(ids) for ids in self.examples], device_name)
         except DemoInputError:  # a precision the GPU of the table has no rate for: no prediction, the run stands
             return None
+
+    @property
+    def predicted_speedups(self) -> dict[str, float] | None:
+        """Each collator's speedup over padded as the step-time model predicts it for this run's own batches."""
+        priced = self.priced_on_device
+        return None if priced is None else {name: entry["speedup_vs_padded"] for name, entry in priced.items()}
 
     def document_config(self) -> dict:
         """The documents' `config`: the settings as asked, what the engine resolved of them, and what the batch size
