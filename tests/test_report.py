@@ -171,3 +171,11 @@ def test_before_run_the_cost_table_predicts_time_and_memory_and_warns_when_long_
                 "memory_guard": {**memory, "fits": False}}
     warned = report.cost_markdown(too_much)
     assert "about 1.5 h** ⚠ long" in warned and "⚠ does not fit: Run would be refused" in warned
+
+
+@pytest.mark.parametrize("basis, words", [("parameters", "from the parameter count"),
+                                          ("history", "from earlier runs"), ("model", "by the step-time model")])
+def test_the_cost_table_says_where_the_predicted_time_comes_from(prepared, basis, words):
+    preview = demo_core.preview(prepared)
+    text = report.cost_markdown({**preview, "predicted": {**preview["predicted"], "basis": basis}})
+    assert f"predicted time of the run, {words}" in text
