@@ -160,13 +160,16 @@ def report(efficiencies: Efficiencies) -> None:
     print("| source | setting | collator | measured | predicted | error | naive | naive error | padded tok/s/GPU "
           "measured / predicted | packed tok/s/GPU measured / predicted | split |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    groups = {True: ([], [], []), False: ([], [], [])}  # speedup errors, tokens/s errors, naive speedup errors
+    # speedup errors, tokens/s errors, naive speedup errors, whether the measured speedup is inside the stated range
+    groups = {True: ([], [], [], []), False: ([], [], [], [])}
     for row in ROWS:
         predicted = predict_row(row, efficiencies)
         speedup = predicted[row.collator]["speedup_vs_padded"]
         naive = naive_speedup(row)
         speedup_error, throughput = _errors(row, efficiencies)
-        speedups, tokens, naives = groups[row.calibrate]
+        speedups, tokens, naives, in_range = groups[row.calibrate]
+        low, high = predicted[row.collator]["range"]
+        in_range.append(low <= row.measured_speedup <= high)
         speedups.append(speedup_error)
         tokens.extend(throughput)
         naives.append(naive / row.measured_speedup - 1)
@@ -179,9 +182,10 @@ def report(efficiencies: Efficiencies) -> None:
               f"{'calibration' if row.calibrate else 'held out'} |")
     print()
     for calibrating, name in ((True, "calibration"), (False, "held out")):
-        speedups, tokens, naives = groups[calibrating]
-        print(f"{name} ({len(speedups)} rows): speedup {_stats(speedups)}; tokens/s per GPU {_stats(tokens)}; "
-              f"naive slots-only speedup {_stats(naives)}")
+        speedups, tokens, naives, in_range = groups[calibrating]
+        print(f"{name} ({len(speedups)} rows): speedup {_stats(speedups)}, measured inside the predicted range "
+              f"{sum(in_range)}/{len(in_range)}; tokens/s per GPU {_stats(tokens)}; naive slots-only speedup "
+              f"{_stats(naives)}")
     residuals = sorted(math.log1p(error) for error in groups[True][0])
     print(f"calibration log(predicted/measured) speedup residuals: 10th {np.percentile(residuals, 10):+.3f}, "
           f"90th {np.percentile(residuals, 90):+.3f}")
