@@ -23,13 +23,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from test_sft import (  # noqa: E402
     ALPACA,
+    CONVERSATION_RECORDS,
     DOLLY,
     GSM8K,
-    LLAMA_FACTORY_ALPACA,
-    LLAMA_FACTORY_TOOLS,
-    OASST_TREES,
-    OPENAI_CHAT,
-    SHAREGPT,
+    PROMPT_COMPLETION_RECORDS,
     TRL_PROMPT_COMPLETION,
 )
 
@@ -37,11 +34,9 @@ from demo_core import RunConfig, run_comparison  # noqa: E402
 
 COLLATORS = ("padded", "flatten", "trl-padding-free")
 CASES = [
-    ("Alpaca, Dolly, GSM8K, LLaMA-Factory alpaca (chat template)", ALPACA + DOLLY + GSM8K + LLAMA_FACTORY_ALPACA,
-     "completion"),
+    ("Alpaca, Dolly, GSM8K, LLaMA-Factory alpaca (chat template)", PROMPT_COMPLETION_RECORDS, "completion"),
     ("TRL prompt/completion (as they are)", TRL_PROMPT_COMPLETION, "completion"),
-    ("ShareGPT, tool calls, OpenAI chat, OASST trees", SHAREGPT + LLAMA_FACTORY_TOOLS + OPENAI_CHAT + OASST_TREES,
-     "assistant"),
+    ("ShareGPT, tool calls, OpenAI chat, OASST trees", CONVERSATION_RECORDS, "assistant"),
 ]
 
 

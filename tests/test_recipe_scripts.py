@@ -22,16 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_sft import (
-    ALPACA,
-    DOLLY,
-    GSM8K,
-    LLAMA_FACTORY_ALPACA,
-    LLAMA_FACTORY_TOOLS,
-    OASST_TREES,
-    OPENAI_CHAT,
-    SHAREGPT,
-)
+from test_sft import CONVERSATION_RECORDS, PROMPT_COMPLETION_RECORDS
 
 from commandline.main import main
 from demo_core import COLLATORS
@@ -41,8 +32,8 @@ ALL_CASES = [(loss_on, rank, accumulation) for loss_on in ("all", "completion", 
              for accumulation in (1, 2)]
 CASES = [("all", 0, 1), ("completion", 4, 2), ("assistant", 0, 2), ("assistant", 4, 1)]
 DATA = {  # loss on -> the records trained: built-in text, chat prompt/completion, conversations with tool calls
-    "completion": ALPACA + DOLLY + GSM8K + LLAMA_FACTORY_ALPACA,
-    "assistant": SHAREGPT + LLAMA_FACTORY_TOOLS + OPENAI_CHAT + OASST_TREES,
+    "completion": PROMPT_COMPLETION_RECORDS,
+    "assistant": CONVERSATION_RECORDS,
 }
 # Every script of a case in one fresh interpreter: each run as `python script.py` runs it, its standard output apart.
 RUNNER = """

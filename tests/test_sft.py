@@ -90,6 +90,10 @@ ULTRACHAT = [  # HuggingFaceH4/ultrachat_200k: prompt, prompt_id and the whole c
     {"prompt": "Name a planet.", "prompt_id": "p1",
      "messages": [{"role": "user", "content": "Name a planet."}, {"role": "assistant", "content": "Mars."}]},
 ]
+# The public layouts by what TRL trains of them: the answer of a prompt-completion record, the assistant's turns of a
+# conversation (the parity tests, the take-home scripts' tests and benchmarks/sft_parity.py share these groups).
+PROMPT_COMPLETION_RECORDS = ALPACA + DOLLY + GSM8K + LLAMA_FACTORY_ALPACA
+CONVERSATION_RECORDS = SHAREGPT + LLAMA_FACTORY_TOOLS + OPENAI_CHAT + OASST_TREES
 
 
 def write(folder: Path, name: str, rows: list, as_list: bool = False) -> str:
@@ -145,9 +149,9 @@ def _max_loss_differences(document: dict) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("rows, loss_on", [
-    (ALPACA + DOLLY + GSM8K + LLAMA_FACTORY_ALPACA, "completion"),  # conversational prompt-completion
+    (PROMPT_COMPLETION_RECORDS, "completion"),  # conversational prompt-completion
     (TRL_PROMPT_COMPLETION, "completion"),  # prompt + completion as they are
-    (SHAREGPT + LLAMA_FACTORY_TOOLS + OPENAI_CHAT + OASST_TREES, "assistant"),
+    (CONVERSATION_RECORDS, "assistant"),
 ])
 def test_masked_losses_match_padding_through_trainer_and_sftrainer(tmp_path, rows, loss_on):
     document = _run(write(tmp_path, "data.jsonl", rows * 4), loss_on=loss_on)
