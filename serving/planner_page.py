@@ -105,16 +105,35 @@ def _plan_both_layouts(request: PlanRequest) -> tuple[Plan, DeviceEstimate, Devi
     return chosen, padded, packed
 
 
-def warm_up_in_background() -> threading.Thread:
-    """Plans the section's opening question in a daemon thread when the server starts, for the default model first,
-    then for every model chip: a model's first answer fits its activation probes (about a second on an idle 2-core
-    CPU, see docs/MEMORY.md), and this moves those seconds from a visitor's click to the server's start-up. Other
-    settings (LoRA, checkpointing, another precision) still fit their probes on first use."""
+# The training modes a server plans ahead for every model chip, after each chip's opening question: the common LoRA
+# and QLoRA questions, at rank 16 (the rank docs/MEMORY.md's LoRA plans and the page's tests ask about). A probe
+# fit is keyed on its settings (memory/probe_model.py ProbeSpec: LoRA's rank, the 4-bit base, checkpointing, the
+# batch's layout), so each mode is planned at the page's lengths and at `/plan`'s equal lengths, the layouts a first
+# question meets.
+WARM_UP_TRAINING = ({"lora_rank": 16, "qlora": False}, {"lora_rank": 16, "qlora": True})
+
+
+def warm_up_questions() -> list[dict[str, Any]]:
+    """The questions `warm_up_in_background` plans, in order: the section's opening question for the default model,
+    then for every model chip; then each chip's model with each of WARM_UP_TRAINING's modes, at the page's other
+    settings and at equal lengths."""
     models = [DEFAULT_MODEL, *(model for model in shipped_configs() if model != DEFAULT_MODEL)]
+    opening = [{**PAGE_DEFAULTS, "model": model} for model in models]
+    trained = [{**PAGE_DEFAULTS, "model": model, **training, "dataset": dataset}
+               for training in WARM_UP_TRAINING for model in models for dataset in (PAGE_DEFAULTS["dataset"], None)]
+    return opening + trained
+
+
+def warm_up_in_background() -> threading.Thread:
+    """Plans `warm_up_questions` in a daemon thread when the server starts: a model's first answer under a setting fits
+    its activation probes (about a second on an idle 2-core CPU, see docs/MEMORY.md), and this moves those seconds
+    from a visitor's click to the server's start-up. Other settings (another LoRA rank, checkpointing off, another
+    precision) still fit their probes on first use."""
+    questions = warm_up_questions()
 
     def plan_each() -> None:  # what `plan_page` computes, without drawing the figures
-        for model in models:
-            _plan_both_layouts(_request(**{**PAGE_DEFAULTS, "model": model}))
+        for settings in questions:
+            _plan_both_layouts(_request(**settings))
 
     thread = threading.Thread(target=plan_each, daemon=True, name="planner-warm-up")
     thread.start()

@@ -6,6 +6,7 @@ import gradio as gr
 import pytest
 
 from demo_core import plan
+from demo_core.caches import LRU
 from demo_core.errors import DemoInputError
 from presentation.batch_picture import BATCH_MAX_IN
 from serving import planner_page
@@ -79,16 +80,23 @@ def test_section_builds_inside_blocks_and_registers_plan():
     assert all(parameter["label"] == parameter["parameter_name"] for parameter in endpoint["parameters"])
 
 
-def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyone_asks(monkeypatch):
+def test_the_server_plans_the_opening_and_lora_questions_for_every_model_chip_before_anyone_asks(monkeypatch):
     from demo_core.memory import probe as activation_probe
 
-    monkeypatch.setattr(activation_probe, "_FIT_CACHE", {})  # as a fresh server: no model probed yet
+    # As a fresh server: no model probed yet, in a cache as large as the server's (so the warm-up must fit in it).
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", LRU(activation_probe._FIT_CACHE.max_entries))
     planner_page.warm_up_in_background().join(timeout=600)
     probed_after_warm_up = []
     monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
     for model in planner_page.shipped_configs():  # the chips under the model box
         summary = planner_page.plan_page(**{**planner_page.PAGE_DEFAULTS, "model": model}).summary
         assert "Peak per device" in summary
+        # and the common LoRA / QLoRA questions (issue 30: 10-13 s the first time), on the page and through /plan
+        for qlora in (False, True):
+            question = {"model": model, "lora_rank": 16, "qlora": qlora, "batch_size": 4, "seq_length": 2048,
+                        "gpu_gb": 24}
+            assert "Peak per device" in planner_page.plan_page(**{**planner_page.PAGE_DEFAULTS, **question}).summary
+            assert planner_page.plan_api(**question)["request"]["gradient_checkpointing"] is True
     assert probed_after_warm_up == []  # every probe they need was fitted ahead
 
 

@@ -204,9 +204,10 @@ def _targets_of(totals: dict[tuple, int], layers: ProbeLayers) -> dict[str, floa
 
 
 # A fit costs 0.1-1 s; its key is a config and a probe spec (layout, precision, attention, LoRA, ...). The planner
-# page's warm-up fits every model chip's opening question (~2 fits each for ~15 chips); 256 keep those and a few
-# hundred questions beyond them, at well under 1 MB (a fit is a few dozen numbers; its key a config's JSON).
-_FIT_CACHE: LRU = LRU(max_entries=256)
+# page's warm-up fits every model chip's opening, LoRA and QLoRA questions (260 fits for 13 chips, measured with
+# benchmarks/planner_latency.py); 1024 keep those and a few hundred questions beyond them, at about 1.3 MB (a fit is
+# a few dozen numbers; its key a config's JSON, 1.3 KB on average over the warm-up's).
+_FIT_CACHE: LRU = LRU(max_entries=1024)
 _FIT_LOCK = threading.Lock()
 
 
