@@ -1,6 +1,7 @@
 """What serving the engine to many visitors at once needs, and the page's parts, kept out of its wiring (`app.py`):
 
 - `errors`: every exception a handler raises reaches the visitor as one readable `gr.Error`;
+- `in_flight`: the requests being served right now, for background work that waits for an idle server;
 - `inputs`: a visitor's inputs turned into a prepared run (local paths only under the allowed roots);
 - `sessions`: a visitor (a browser tab or an API client) as the server's files know it: an opaque key, its Stop;
 - `uploads`: a visitor's uploaded file: used under its name only, deleted after the run that used it;

@@ -4,6 +4,9 @@ A user mistake (`demo_core.DemoInputError`) keeps its message; anything else is 
 replaced by file names) and shown as "something went wrong" with its type only, since its message may name server
 internals. The message stays on the page until the visitor closes it: one that vanished after a few seconds left a
 red mark and no reason.
+
+Every handler passes through `user_errors`, so it is also where a request counts as in flight (serving/in_flight.py)
+for the background work that waits for an idle server.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import gradio as gr
 
 import demo_core
+from serving.in_flight import REQUESTS
 from serving.uploads import RedactUploadPaths
 
 logger = logging.getLogger("packing_lab.app")
@@ -32,12 +36,14 @@ def as_ui_error(error: Exception) -> gr.Error:
 
 
 def user_errors(fn):
-    """Wraps a handler (plain or generator) so that its exceptions reach the page as `gr.Error`."""
+    """Wraps a handler (plain or generator) so that its exceptions reach the page as `gr.Error`, and it counts as a
+    request in flight while it runs (a generator until it ends or is closed)."""
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def generator(*args, **kwargs):
             try:
-                yield from fn(*args, **kwargs)
+                with REQUESTS.serving():
+                    yield from fn(*args, **kwargs)
             except Exception as error:
                 raise as_ui_error(error) from None
         return generator
@@ -45,7 +51,8 @@ def user_errors(fn):
     @functools.wraps(fn)
     def plain(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with REQUESTS.serving():
+                return fn(*args, **kwargs)
         except Exception as error:
             raise as_ui_error(error) from None
     return plain

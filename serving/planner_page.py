@@ -11,7 +11,12 @@ by presentation/plan_text.py, plan_views.py, speed_text.py and speed_views.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -28,6 +33,7 @@ from demo_core import (
     planned,
     shipped_configs,
 )
+from demo_core.memory import probe as activation_probe
 from demo_core.settings import page_settings
 from presentation.plan_text import plan_document, summary_markdown
 from presentation.plan_views import bars_figure, scaling_figure
@@ -35,6 +41,7 @@ from presentation.plots import RESULT_WIDTH_IN
 from presentation.speed_views import time_per_token_figure
 from serving.api_docs import documented_api, settings_endpoint
 from serving.errors import user_errors
+from serving.in_flight import REQUESTS
 from serving.page import WITH_SCREEN, Screen
 from serving.widgets import settings_form
 
@@ -111,31 +118,81 @@ def _plan_both_layouts(request: PlanRequest) -> tuple[Plan, DeviceEstimate, Devi
 # batch's layout), so each mode is planned at the page's lengths and at `/plan`'s equal lengths, the layouts a first
 # question meets.
 WARM_UP_TRAINING = ({"lora_rank": 16, "qlora": False}, {"lora_rank": 16, "qlora": True})
+# How much the server plans ahead at start-up: "all" (the opening questions, then the LoRA and QLoRA ones: about
+# 215 CPU seconds, docs/MEMORY.md), "opening" (the opening questions only: about 23; what the tests' servers use) or
+# "off".
+WARM_UP_ENV = "PACKING_LAB_PLANNER_WARMUP"
+WARM_UP_SCOPES = ("all", "opening", "off")
+# The LoRA phase's niceness (Linux, this thread only): its fits only ever use a core nothing else wants.
+LORA_WARM_UP_NICENESS = 19
+
+logger = logging.getLogger("packing_lab.app")
 
 
-def warm_up_questions() -> list[dict[str, Any]]:
-    """The questions `warm_up_in_background` plans, in order: the section's opening question for the default model,
-    then for every model chip; then each chip's model with each of WARM_UP_TRAINING's modes, at the page's other
+def warm_up_scope() -> str:
+    """The warm-up's scope from `PACKING_LAB_PLANNER_WARMUP` (default "all"); any other value is refused at start-up."""
+    scope = os.environ.get(WARM_UP_ENV, "all").strip().lower() or "all"
+    if scope not in WARM_UP_SCOPES:
+        raise ValueError(f"{WARM_UP_ENV} must be one of {', '.join(WARM_UP_SCOPES)}, got {scope!r}")
+    return scope
+
+
+def _warm_up_models() -> list[str]:
+    return [DEFAULT_MODEL, *(model for model in shipped_configs() if model != DEFAULT_MODEL)]
+
+
+def opening_questions() -> list[dict[str, Any]]:
+    """The section's opening question for the default model, then for every model chip."""
+    return [{**PAGE_DEFAULTS, "model": model} for model in _warm_up_models()]
+
+
+def lora_questions(models: list[str] | None = None) -> list[dict[str, Any]]:
+    """Each model's (default: every chip's) questions in each of WARM_UP_TRAINING's modes, at the page's other
     settings and at equal lengths."""
-    models = [DEFAULT_MODEL, *(model for model in shipped_configs() if model != DEFAULT_MODEL)]
-    opening = [{**PAGE_DEFAULTS, "model": model} for model in models]
-    trained = [{**PAGE_DEFAULTS, "model": model, **training, "dataset": dataset}
-               for training in WARM_UP_TRAINING for model in models for dataset in (PAGE_DEFAULTS["dataset"], None)]
-    return opening + trained
+    return [{**PAGE_DEFAULTS, "model": model, **training, "dataset": dataset}
+            for training in WARM_UP_TRAINING for model in models or _warm_up_models()
+            for dataset in (PAGE_DEFAULTS["dataset"], None)]
 
 
-def warm_up_in_background() -> threading.Thread:
-    """Plans `warm_up_questions` in a daemon thread when the server starts: a model's first answer under a setting fits
-    its activation probes (about a second on an idle 2-core CPU, see docs/MEMORY.md), and this moves those seconds
-    from a visitor's click to the server's start-up. Other settings (another LoRA rank, checkpointing off, another
-    precision) still fit their probes on first use."""
-    questions = warm_up_questions()
-
-    def plan_each() -> None:  # what `plan_page` computes, without drawing the figures
+def warm_up(questions: list[dict[str, Any]], before_each_fit: Callable[[], None] | None = None) -> None:
+    """Plans each question as `plan_page` does, without drawing the figures, so that its probe fits are cached when a
+    visitor asks it; `before_each_fit` runs before each fit this computes (the LoRA phase waits there for an idle
+    server)."""
+    with activation_probe.before_each_fit(before_each_fit):
         for settings in questions:
             _plan_both_layouts(_request(**settings))
 
-    thread = threading.Thread(target=plan_each, daemon=True, name="planner-warm-up")
+
+def _lower_this_threads_priority() -> None:
+    if sys.platform.startswith("linux"):  # elsewhere the call takes a process id: it would renice the whole server
+        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(current, LORA_WARM_UP_NICENESS))
+
+
+def warm_up_in_background(scope: str | None = None) -> threading.Thread:
+    """Plans ahead in one daemon thread when the server starts, as far as `scope` (default: `warm_up_scope()`) says: a
+    model's first answer under a setting fits its activation probes (about a second on an idle 2-core CPU, see
+    docs/MEMORY.md), and this moves those seconds from a visitor's click to the server's start-up.
+
+    First the opening questions, at the server's priority (a first visitor asks them within seconds); then, with
+    "all", the LoRA and QLoRA questions at the lowest priority, each fit waiting until no request is being served
+    (serving/in_flight.py), so that a visitor never waits behind them. Other settings (another LoRA rank,
+    checkpointing off, another precision) still fit their probes on first use."""
+    scope = warm_up_scope() if scope is None else scope
+
+    def plan_ahead() -> None:
+        if scope == "off":
+            return
+        started = time.perf_counter()
+        warm_up(opening_questions())
+        logger.info("planner warm-up: opening questions planned in %.0f s", time.perf_counter() - started)
+        if scope == "all":
+            _lower_this_threads_priority()
+            started = time.perf_counter()
+            warm_up(lora_questions(), before_each_fit=REQUESTS.wait_until_idle)
+            logger.info("planner warm-up: LoRA and QLoRA questions planned in %.0f s", time.perf_counter() - started)
+
+    thread = threading.Thread(target=plan_ahead, daemon=True, name="planner-warm-up")
     thread.start()
     return thread
 

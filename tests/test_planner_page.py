@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+
 import gradio as gr
 import pytest
 
 from demo_core import plan
 from demo_core.caches import LRU
 from demo_core.errors import DemoInputError
+from demo_core.memory import probe as activation_probe
 from presentation.batch_picture import BATCH_MAX_IN
 from serving import planner_page
+from serving.errors import user_errors
+from serving.in_flight import REQUESTS
 from serving.page import Screen
 
 from figure_checks import cut_off, overlapping
@@ -80,24 +85,77 @@ def test_section_builds_inside_blocks_and_registers_plan():
     assert all(parameter["label"] == parameter["parameter_name"] for parameter in endpoint["parameters"])
 
 
-def test_the_server_plans_the_opening_and_lora_questions_for_every_model_chip_before_anyone_asks(monkeypatch):
-    from demo_core.memory import probe as activation_probe
-
+def test_the_server_plans_the_opening_question_for_every_model_chip_before_anyone_asks(monkeypatch):
     # As a fresh server: no model probed yet, in a cache as large as the server's (so the warm-up must fit in it).
     monkeypatch.setattr(activation_probe, "_FIT_CACHE", LRU(activation_probe._FIT_CACHE.max_entries))
-    planner_page.warm_up_in_background().join(timeout=600)
+    planner_page.warm_up_in_background(scope="opening").join(timeout=600)
     probed_after_warm_up = []
     monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
     for model in planner_page.shipped_configs():  # the chips under the model box
         summary = planner_page.plan_page(**{**planner_page.PAGE_DEFAULTS, "model": model}).summary
         assert "Peak per device" in summary
-        # and the common LoRA / QLoRA questions (issue 30: 10-13 s the first time), on the page and through /plan
-        for qlora in (False, True):
-            question = {"model": model, "lora_rank": 16, "qlora": qlora, "batch_size": 4, "seq_length": 2048,
-                        "gpu_gb": 24}
-            assert "Peak per device" in planner_page.plan_page(**{**planner_page.PAGE_DEFAULTS, **question}).summary
-            assert planner_page.plan_api(**question)["request"]["gradient_checkpointing"] is True
     assert probed_after_warm_up == []  # every probe they need was fitted ahead
+
+
+# The smallest chip: its LoRA fits are the quickest (the warm-up of every chip's takes minutes, benchmarks/).
+SMALL_CHIP = "SmolLM2-135M"
+LORA_R16 = {"model": SMALL_CHIP, "lora_rank": 16, "qlora": False, "batch_size": 4, "seq_length": 2048, "gpu_gb": 24}
+
+
+def test_the_lora_phase_answers_a_chips_lora_question_ahead(monkeypatch):
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", LRU(activation_probe._FIT_CACHE.max_entries))
+    fitted_ahead = []
+    lora = [question for question in planner_page.lora_questions([SMALL_CHIP]) if not question["qlora"]]
+    planner_page.warm_up(lora, before_each_fit=lambda: fitted_ahead.append(True))
+    assert fitted_ahead  # the warm-up computed the fits (none were cached), each after its hook
+    probed_after_warm_up = []
+    monkeypatch.setattr(activation_probe, "_fit", lambda *args: probed_after_warm_up.append(args))
+    # The issue's question (issue 30: 10-13 s the first time), on the page and through /plan.
+    assert "Peak per device" in planner_page.plan_page(**{**planner_page.PAGE_DEFAULTS, **LORA_R16}).summary
+    assert planner_page.plan_api(**LORA_R16)["request"]["gradient_checkpointing"] is True
+    assert probed_after_warm_up == []  # answered from the fit cache
+
+
+def test_the_lora_phase_waits_while_a_request_is_served(monkeypatch):
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", LRU(activation_probe._FIT_CACHE.max_entries))
+    fits, fit = [], activation_probe._fit
+
+    def counted_fit(config, spec):
+        fits.append(spec)
+        return fit(config, spec)
+
+    monkeypatch.setattr(activation_probe, "_fit", counted_fit)
+
+    @user_errors
+    def streaming_handler():  # as a run on the page: in flight from its first update to its last
+        yield "first update"
+        yield "last update"
+
+    stream = streaming_handler()
+    next(stream)
+    questions = planner_page.lora_questions([SMALL_CHIP])[:1]
+    warming = threading.Thread(target=planner_page.warm_up, args=(questions, REQUESTS.wait_until_idle), daemon=True)
+    warming.start()
+    while REQUESTS.waiting == 0 and warming.is_alive():  # until it waits, or (the wait broken) it has planned
+        warming.join(timeout=0.05)
+    assert REQUESTS.waiting == 1 and fits == []  # it stopped before its first fit
+    assert list(stream) == ["last update"]  # the run ends: nothing is served any more
+    warming.join(timeout=600)
+    assert not warming.is_alive() and fits  # and then it planned
+
+
+def test_the_warm_up_scope_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv(planner_page.WARM_UP_ENV, raising=False)
+    assert planner_page.warm_up_scope() == "all"  # a Space plans everything ahead
+    monkeypatch.setenv(planner_page.WARM_UP_ENV, " Opening ")
+    assert planner_page.warm_up_scope() == "opening"
+    monkeypatch.setenv(planner_page.WARM_UP_ENV, "some")
+    with pytest.raises(ValueError, match="PACKING_LAB_PLANNER_WARMUP must be one of all, opening, off, got 'some'"):
+        planner_page.warm_up_scope()
+    monkeypatch.setenv(planner_page.WARM_UP_ENV, "off")
+    monkeypatch.setattr(activation_probe, "_FIT_CACHE", LRU(activation_probe._FIT_CACHE.max_entries))
+    planner_page.warm_up_in_background().join(timeout=60)
+    assert len(activation_probe._FIT_CACHE) == 0  # "off" plans nothing
 
 
 @pytest.mark.parametrize("picture_px", [326, 1065])  # a phone's width, a desktop's (the figures cap at 6.5 in)

@@ -135,8 +135,11 @@ class ServerProcess:
         self.port = free_port()
         env = {key: value for key, value in os.environ.items()
                if not key.startswith(("PACKING_LAB_", "GRADIO_"))}  # nothing inherited may move the bind or caps
+        # The planner's warm-up of its opening questions only: its LoRA phase (about 190 CPU seconds, docs/MEMORY.md)
+        # would compete with the suite's other tests for nothing these tests look at.
         env.update(CAPS, PACKING_LAB_DATA_DIR=str(self.data_dir), GRADIO_SERVER_PORT=str(self.port),
-                   HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+                   PACKING_LAB_PLANNER_WARMUP="opening", HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
+                   PYTHONUNBUFFERED="1")
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=env, stdout=log,
                                             stderr=subprocess.STDOUT)

@@ -26,10 +26,12 @@ it (frozen base, base(x) + B(A(x)) * scale), so autograd itself leaves out what 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -218,6 +220,21 @@ def _free_fit_lock_in_child() -> None:  # a fit running in another thread at a f
 
 os.register_at_fork(after_in_child=_free_fit_lock_in_child)
 
+_BEFORE_FIT = threading.local()  # this thread's `before_each_fit` hook, if any
+
+
+@contextlib.contextmanager
+def before_each_fit(hook: Callable[[], None] | None) -> Iterator[None]:
+    """Calls `hook` in this thread before each fit the block computes (never before an answer from the cache), outside
+    every lock. Work that should use idle time only (the server's warm-up of the planner's LoRA questions) waits in
+    it, so that its fits never take a core, the fit lock or the process's torch state from a visitor's question."""
+    previous = getattr(_BEFORE_FIT, "hook", None)
+    _BEFORE_FIT.hook = hook
+    try:
+        yield
+    finally:
+        _BEFORE_FIT.hook = previous
+
 
 def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
     """The fitted saved-activation bytes of `config`'s model under `spec` (cached per config and spec).
@@ -232,6 +249,9 @@ def activation_fit(config: Any, spec: ProbeSpec) -> ActivationFit:
     with _FIT_LOCK:
         if key in _FIT_CACHE:
             return _FIT_CACHE[key]
+    hook = getattr(_BEFORE_FIT, "hook", None)
+    if hook is not None:
+        hook()
     with exclusive(seed=0, threads=1), _FIT_LOCK:
         if key not in _FIT_CACHE:
             _FIT_CACHE[key] = _fit(config, spec)
