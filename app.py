@@ -488,13 +488,13 @@ def launch(**overrides):
     port = os.environ.get("GRADIO_SERVER_PORT")
     options = dict(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    server_port=int(port) if port else None, share=False, show_error=False,
-                   max_file_size=LIMITS.max_upload_bytes, theme=page.THEME,
-                   css_paths=[page.CSS_PATH], js=page.JS)
+                   max_file_size=LIMITS.max_upload_bytes, theme=page.THEME, css_paths=[page.CSS_PATH], js=page.JS)
     demo_core.initialize_profiler()  # the time anatomy profiles in worker threads: kineto must start in this one
     return demo.launch(**{**options, **overrides})
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    demo_core.freeze_start_up_objects()  # the modules and the page live as long as the server: no run's gc walks them
     planner_page.warm_up_in_background()
     launch()

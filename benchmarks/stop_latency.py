@@ -1,23 +1,39 @@
 """How long Stop takes to end a run, and how many steps still ran after it: every collator, the default model.
 
-Starts `run_comparison` with all seven collators, sets the stop event once the collators have taken `--after`
-steps between them (21: mid-run, every model built and training; 2: while the third collator builds its model and
-the later ones have none yet), and reports the seconds from the stop to the run's return and the steps that ended
-after the stop.
+In the engine (the default): starts `run_comparison` with all seven collators, sets the stop event once the
+collators have taken `--after` steps between them (21: mid-run, every model built and training; 2: while the third
+collator builds its model and the later ones have none yet), and reports the seconds from the stop to the run's
+return and the steps that ended after the stop.
+
+Through the page (`--page`): starts `python app.py` (its data dir a temporary folder), keeps every core busy with one
+spinning process per core at the server's priority, and runs on the page as a browser does: the Run button's event
+(`run_page`) and, once the progress bar shows the first step, the Stop button's (`request_stop`), called with
+gradio_client over the same HTTP queue the browser uses. Reports the seconds from the Stop call to the end
+of the run's stream (its last update: the partial results drawn), for 2 collators (the page's default pair) and 7.
 
     python benchmarks/stop_latency.py [--model tiny-llama] [--after 21] [--repeat 3]
+    python benchmarks/stop_latency.py --page [--collators 2 7] [--repeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere in the checkout
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere in the checkout
 
 from demo_core import RunConfig, run_comparison  # noqa: E402
 from demo_core.collators import collator_names  # noqa: E402
@@ -44,12 +60,98 @@ def one_stop(model: str, after: int) -> tuple[float, int, int]:
     return time.perf_counter() - stopped_at[0], steps_after_stop, len(comparison.results)
 
 
+PAGE_STEPS = 100  # per collator: no run ends on its own before its Stop, even on an idle machine
+
+
+@contextlib.contextmanager
+def every_core_busy() -> Iterator[int]:
+    """One process per core spinning at the server's own priority, for the block's duration; yields their count."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield len(spinners)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@contextlib.contextmanager
+def served_app() -> Iterator[str]:
+    """`python app.py` as a Space starts it, on a free port, its data dir a temporary folder; yields its URL. The
+    planner's warm-up is off: its LoRA phase waits for an idle server anyway, and its opening phase would only add a
+    thread that is not there a minute after start-up."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PACKING_LAB_DATA_DIR": tempfile.mkdtemp(prefix="packing-lab-stop-latency-"),
+           "GRADIO_SERVER_PORT": str(port), "PACKING_LAB_PLANNER_WARMUP": "off", "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"app.py exited with {server.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"app.py did not answer at {url} within 300 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.kill()
+        server.wait()
+
+
+def page_stop(client, run_event: int, stop_event: int, inputs: list) -> float:
+    """Seconds from the Stop call to the end of the run's stream; Stop once the progress bar counts a step."""
+    run = client.submit(*inputs, fn_index=run_event)
+    while not any(unit.index for unit in run.status().progress_data or []):  # the first burst's first step
+        if run.done():
+            raise RuntimeError(f"the run ended before its first step: {run.result()}")
+        time.sleep(0.01)
+    stopped = time.perf_counter()
+    client.submit(fn_index=stop_event)
+    run.result(timeout=600)
+    return time.perf_counter() - stopped
+
+
+def through_the_page(model: str, collator_counts: list[int], repeat: int) -> None:
+    from gradio_client import Client
+
+    with served_app() as url, every_core_busy() as spinners:
+        client = Client(url, verbose=False, download_files=False)
+        events = {event["api_name"]: event for event in client.config["dependencies"]}
+        run_event, stop_event = events["run_page"], events["request_stop"]
+        for event in (run_event, stop_event):  # the page's own events (api_visibility private): the browser's calls
+            client.endpoints[event["id"]].is_valid = True
+        components = {component["id"]: component["props"] for component in client.config["components"]}
+        for count in collator_counts:
+            chosen = {"model": model, "collators": list(collator_names()[:count]), "steps": PAGE_STEPS}
+            inputs = [chosen.get(components[id_].get("elem_id"), components[id_].get("value"))
+                      for id_ in run_event["inputs"]]
+            latencies = []
+            for attempt in range(repeat):
+                latencies.append(page_stop(client, run_event["id"], stop_event["id"], inputs))
+                print(f"{count} collators, run {attempt + 1}: Stop -> end of the run's stream {latencies[-1]:.2f} s",
+                      flush=True)
+            print(f"{count} collators ({model}, {spinners} busy cores): median {statistics.median(latencies):.2f} s, "
+                  f"max {max(latencies):.2f} s over {repeat} runs", flush=True)
+        client.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--after", type=int, default=21, help="steps the collators take between them before the stop")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--page", action="store_true", help="through the page's Run and Stop, every core busy")
+    parser.add_argument("--collators", type=int, nargs="+", default=[2, 7], help="--page: collators per run")
     args = parser.parse_args()
+    if args.page:
+        through_the_page(args.model, args.collators, args.repeat)
+        return
     latencies = []
     for attempt in range(args.repeat):
         seconds, late_steps, results = one_stop(args.model, args.after)

@@ -9,6 +9,8 @@ Public API (what the CLI and the app use; nothing here imports gradio):
   plan with each collator's predicted speed on its GPU (`Plan.throughput`), `GPUS` the cards it knows;
 - `settings`: the declaration every setting of `RunConfig` and `PlanRequest` is made with (CLI, page, API derive from it);
 - `initialize_profiler()`: call once from the main thread of a server whose runs train in worker threads;
+- `freeze_start_up_objects()`: call once when a server has started, so that each run's garbage collection walks only
+  what runs made;
 - `release_caches()`: empties every cache the engine keeps across calls (each is bounded) and hands the freed memory
   back to the system.
 
@@ -16,7 +18,7 @@ The engine returns numbers; the figures, tables and sentences that show them are
 """
 
 from demo_core import settings
-from demo_core.caches import release_caches
+from demo_core.caches import freeze_start_up_objects, release_caches
 from demo_core.collators import COLLATORS, CollatorSpec
 from demo_core.config import ATTENTION_NAMES, OPTIMIZER_NAMES, PRECISION_NAMES, Limits, RunConfig
 from demo_core.data.loading import BUILTIN_DATASETS
@@ -35,5 +37,5 @@ from demo_core.training.prepared import Prepared
 __all__ = ["ATTENTION_NAMES", "BUILTIN_DATASETS", "COLLATORS", "CollatorSpec", "Comparison", "DemoInputError",
            "DeviceEstimate", "EQUAL_LENGTHS", "GIB", "GPUS", "Limits", "MEMORY_CATEGORIES",
            "OPTIMIZER_NAMES", "PRECISION_NAMES", "PRESETS", "Plan", "PlanRequest", "Prepared", "Result", "RunConfig",
-           "device_estimate", "initialize_profiler", "plan", "planned", "prepare",
+           "device_estimate", "freeze_start_up_objects", "initialize_profiler", "plan", "planned", "prepare",
            "preview", "release_caches", "run_comparison", "settings", "shipped_configs", "write_json"]

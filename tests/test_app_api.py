@@ -142,7 +142,10 @@ def test_stop_ends_the_run_early_and_saves_it_labelled_partial(lab_app):
     assert lab_app.request_stop(request) == "Nothing is running in this tab."
     run = lab_app.run_page(request, click_stop_at_the_first_step(lab_app, request), samples=64, steps=200,
                            batch_size=4)
-    *_, final = run  # runs to the end: Stop makes that a few steps, not 2 x 200
+    *updates, final = run  # runs to the end: Stop makes that a few steps, not 2 x 200
+    # After the Stop the page's next update is the run's end: no collator's partial views (four figures each) drawn
+    # and sent on the way, so that the run ends on the page soon after the Stop (benchmarks/stop_latency.py --page).
+    assert len(updates) == 1 and updates[0][lab_app.UI.bar.status].startswith("Training…")
     summary, history_rows = final[lab_app.UI.views.summary], final[lab_app.UI.views.history]
     assert summary.startswith("### Stopped")
     saved = lab_app.HISTORY.entries()[-1].document
