@@ -1,4 +1,5 @@
-"""The step-time model (demo_core/throughput): what each part responds to, the GPU table, the CPU rates, the contract."""
+"""The step-time model (demo_core/throughput): what each part responds to, the GPU table, the CPU rates, the
+contract."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from transformers import BambaConfig
 
 from demo_core import RunConfig, prepare
 from demo_core.errors import DemoInputError
 from demo_core.gpus import gpu_for_device_name
 from demo_core.memory.plan_request import load_config
-from demo_core.throughput import CALIBRATED, GPUS, gpu, predict_throughput
+from demo_core.throughput import CALIBRATED, GPUS, cpu_rates, gpu, predict_throughput
 from demo_core.throughput.batches import best_fit_decreasing
 from demo_core.throughput.cpu_rates import measure_cpu_rates
 from demo_core.throughput.facts import ModelFacts
@@ -189,3 +191,25 @@ def test_torchs_device_names_find_their_table_entries():
     assert gpu_for_device_name("Tesla T4").name == "t4"
     assert gpu_for_device_name("NVIDIA L40S").name == "l40s" and gpu_for_device_name("NVIDIA L4").name == "l4"
     assert gpu_for_device_name("NVIDIA GeForce RTX 3090") is None
+
+
+def test_this_cpus_rates_are_measured_in_fp32_whatever_default_dtype_another_thread_set(monkeypatch):
+    """A probe fit in another thread (the planner's warm-up) sets torch's process-wide default dtype to fp16 for a
+    moment; a run measuring this CPU then must still time fp32 work, as its bursts train (fp16 matmuls on a CPU run
+    about 40x slower, and mixed with fp32 tensors they raise)."""
+    measured = {}
+    timed = cpu_rates._fastest_seconds
+
+    def dtypes_then_time(works, rounds):
+        with torch.no_grad():
+            measured.update({name: work().dtype for name, work in works.items() if name != "chain"})
+        return timed(works, rounds)
+
+    monkeypatch.setattr(cpu_rates, "_fastest_seconds", dtypes_then_time)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        cpu_rates.measure_cpu_rates(threads=1)
+    finally:
+        torch.set_default_dtype(default)
+    assert len(measured) >= 3 and set(measured.values()) == {torch.float32}

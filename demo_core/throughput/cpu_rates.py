@@ -74,15 +74,19 @@ def _op_chain(leaf: torch.Tensor) -> None:
 
 def measure_cpu_rates(threads: int | None = 1) -> CpuRates:
     """This CPU's rates in `threads` threads (None: torch's default)."""
+    # fp32 named on every tensor: CPU bursts train in fp32, and a probe fit in another thread may have set torch's
+    # process-wide default dtype to fp16 for a moment (the planner's warm-up beside a visitor's first run)
+    fp32 = torch.float32
     with torch_threads(threads):
-        leaf = torch.ones(1, requires_grad=True)
+        leaf = torch.ones(1, requires_grad=True, dtype=fp32)
         chain_ops = counted_ops(lambda: _op_chain(leaf))
         generator = torch.Generator().manual_seed(0)
-        weight = torch.randn(MATMUL_WIDTH, 4 * MATMUL_WIDTH, generator=generator)
-        activations = {tokens: torch.randn(tokens, MATMUL_WIDTH, generator=generator) for tokens in MATMUL_TOKENS}
+        weight = torch.randn(MATMUL_WIDTH, 4 * MATMUL_WIDTH, generator=generator, dtype=fp32)
+        activations = {tokens: torch.randn(tokens, MATMUL_WIDTH, generator=generator, dtype=fp32)
+                       for tokens in MATMUL_TOKENS}
         segments, heads, length, dim = SDPA_SHAPE
-        query = torch.randn(segments, heads, length, dim, generator=generator)
-        left = torch.randn(ELEMENTWISE_ELEMENTS, generator=generator)
+        query = torch.randn(segments, heads, length, dim, generator=generator, dtype=fp32)
+        left = torch.randn(ELEMENTWISE_ELEMENTS, generator=generator, dtype=fp32)
         right, out = torch.randn_like(left), torch.empty_like(left)
         with torch.no_grad():
             works = {"chain": lambda: _op_chain(leaf),
