@@ -23,7 +23,8 @@ from typing import Iterator
 from demo_core import DemoInputError, Limits, Prepared
 from demo_core.training import duration
 from presentation.recipe_script import with_code
-from serving import gpu
+from presentation.report import PREDICTION_BASIS
+from serving import gpu, stop
 from serving.history import RunHistory
 from serving.sessions import Session
 from serving.uploads import Upload
@@ -50,8 +51,8 @@ def _too_long(estimate: duration.RunEstimate, needed_s: float, cap_s: float, sta
     shrink = (f"use at most {fit} steps, fewer collators, or a smaller batch size or max length" if fit else
               "use fewer collators, a smaller model, batch size or max length")
     return (f"this run would need about {needed_s:.0f} s ({len(estimate.step_s)} collators × {estimate.steps} steps "
-            f"at about {per_step_s:.2f} s each ({estimate.rate_source}), plus {estimate.setup_s:.0f} s setup per "
-            f"collator), more than the {cap_s:.0f} s a run may take here: {shrink}")
+            f"at about {per_step_s:.2f} s each, {PREDICTION_BASIS[estimate.basis]}; plus {estimate.setup_s:.0f} s "
+            f"setup per collator), more than the {cap_s:.0f} s a run may take here: {shrink}")
 
 
 def plan(prepared: Prepared, history: RunHistory, limits: Limits, stop_marker,
@@ -96,7 +97,7 @@ def train_and_save(job: gpu.TrainingJob, history: RunHistory, session: Session,
             for event in events:
                 if event[0] in (gpu.RESULT, gpu.DONE):
                     document = event[1]
-                if event[0] == gpu.STEP or (event[0] == gpu.RESULT and not os.path.exists(job.stop_marker)):
+                if event[0] == gpu.STEP or (event[0] == gpu.RESULT and not stop.asked(job.stop_marker)):
                     yield event
     except GeneratorExit:
         if document is not None and not private:

@@ -18,6 +18,11 @@ STOP = "stop"  # someone asked for it (the marker file exists)
 TIME_BUDGET = "time budget"  # one more step would outlast the run's time budget
 
 
+def asked(marker: str | os.PathLike) -> bool:
+    """Whether someone asked the run of this stop marker to stop (Stop writes the marker, `StopSignal.set`)."""
+    return Path(marker).exists()
+
+
 class StopSignal:
     """`is_set()` once the marker file exists or the time budget is nearly spent; `reason` says which came first.
 
@@ -42,7 +47,7 @@ class StopSignal:
 
     def is_set(self) -> bool:
         if self.reason is None:
-            if self.marker.exists():
+            if asked(self.marker):
                 self.reason = STOP
             elif self.deadline is not None and time.monotonic() + self.longest_step_s >= self.deadline:
                 self.reason = TIME_BUDGET

@@ -7,8 +7,8 @@ the same model on the same device and precision when the history has one (the me
 busy machine should not inflate every later estimate); else, on a GPU the step-time model knows (a GPU Space), its
 prediction for the run's own batches on that GPU (throughput/run_prediction.py); else from the parameter count: 6
 FLOPs per parameter per token for forward and backward (Kaplan et al. 2020, "Scaling laws", section 2.1) at a
-deliberately low sustained rate, plus a per-step overhead. The estimate only has to be roughly right: a run that outgrows it stops itself at
-its time budget (`serving.stop`).
+deliberately low sustained rate, plus a per-step overhead. The estimate only has to be roughly right: a run that
+outgrows it stops itself at its time budget (`serving.stop`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class RunEstimate:
     setup_s: float  # per collator
     step_s: dict[str, float]  # per collator: seconds per optimizer step
     steps: int
-    rate_source: str  # "measured" (earlier runs), "model" (the step-time model on a GPU) or "estimated" (parameters)
+    basis: str  # "history" (earlier runs), "model" (the step-time model on a GPU) or "parameters" (parameter count)
 
     @property
     def total_s(self) -> float:
@@ -117,30 +117,28 @@ def estimate(prepared: Prepared, measured_s_per_slot: float | None = None) -> Ru
     measured in a fraction of a second, which a shared machine's load moves 3-40x within a run (docs/THROUGHPUT.md),
     and this estimate must err slow, since it sizes the run's time budget."""
     device = prepared.resolved.device
-    modelled = prepared.priced_on_device if device == "cuda" and measured_s_per_slot is None else None
     if measured_s_per_slot is not None:
         step_s = {name: n * measured_s_per_slot for name, n in slots_per_step(prepared).items()}
-        source = "measured"
-    elif modelled is not None:
+        basis = "history"
+    elif device == "cuda" and (modelled := prepared.priced_on_device) is not None:
         step_s = {name: entry["step_s"] for name, entry in modelled.items()}
-        source = "model"
+        basis = "model"
     else:
         flops_per_slot = 6 * param_facts(prepared.source.config).params
         step_s = {name: STEP_OVERHEAD_S[device] + n * flops_per_slot / SUSTAINED_FLOPS[device]
                   for name, n in slots_per_step(prepared).items()}
-        source = "estimated"
-    return RunEstimate(SETUP_S[device], step_s, prepared.config.steps, source)
+        basis = "parameters"
+    return RunEstimate(SETUP_S[device], step_s, prepared.config.steps, basis)
 
 
 def predicted(prepared: Prepared, earlier_runs: Iterable[dict] = (), long_after_s: float = LONG_RUN_S) -> dict:
     """The run's predicted time on this machine, before it starts, as preview() reports it: `duration_s` (every
     collator's setup and steps), `basis` ("history": seconds per slot measured in `earlier_runs`, the documents of
     earlier runs of the same kind; "model": the step-time model on this GPU; "parameters": from the parameter count,
-    deliberately pessimistic), `setup_s` per
-    collator, `step_s` per collator, and `long` when it is over `long_after_s`."""
+    deliberately pessimistic), `setup_s` per collator, `step_s` per collator, and `long` when it is over
+    `long_after_s`."""
     measured = measured_seconds_per_slot(earlier_runs, speed_key(prepared.document_config()))
     run = estimate(prepared, measured)
-    basis = {"measured": "history", "model": "model", "estimated": "parameters"}[run.rate_source]
-    return {"duration_s": run.total_s, "basis": basis,
+    return {"duration_s": run.total_s, "basis": run.basis,
             "setup_s": run.setup_s, "step_s": dict(run.step_s), "long": run.total_s > long_after_s,
             "long_after_s": long_after_s}
