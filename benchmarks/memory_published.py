@@ -243,7 +243,8 @@ def summary_lines(rows: list[Row]) -> list[str]:
     return [f"median |error| {statistics.median(errors):.1%} over {len(errors)} measurements; within 10%: "
             f"{within} of {len(errors)}",
             f"longest sequence: the planner's answer (decided with its margin) exceeds the measured run's in "
-            f"{len(over)} of {len(lengths)} cases" + (": " + ", ".join(row.run.setting for row in over) if over else "")]
+            f"{len(over)} of {len(lengths)} cases"
+            + (": " + ", ".join(row.run.setting for row in over) if over else "")]
 
 
 def calibration_table() -> list[str]:
@@ -305,8 +306,8 @@ def korthikanti_table() -> list[str]:
             terms = estimate_memory_detail(config, StepShape(b, s), settings).activation_terms
             per_layer = sum(v for k, v in terms.items() if k.startswith("layers.") or k.startswith("attention_"))
             ours[attention] = per_layer / layers
-        rows.append(f"| {s} x {b} | {full / MIB:,.0f} MiB | {no_scores / MIB:,.0f} MiB | {ours['sdpa'] / MIB:,.0f} MiB | "
-                    f"{ours['flash_attention_2'] / MIB:,.0f} MiB |")
+        rows.append(f"| {s} x {b} | {full / MIB:,.0f} MiB | {no_scores / MIB:,.0f} MiB | "
+                    f"{ours['sdpa'] / MIB:,.0f} MiB | {ours['flash_attention_2'] / MIB:,.0f} MiB |")
     return rows
 
 

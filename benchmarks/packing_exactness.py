@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from demo_core.attention import preflight  # noqa: E402
-from demo_core.attention import varlen as attention
+from demo_core.attention import varlen as attention  # noqa: E402
 from demo_core.errors import DemoInputError  # noqa: E402
 from demo_core.models.sources import byte_tokenizer, config_source  # noqa: E402
 

@@ -18,23 +18,18 @@ of the run's stream (its last update: the partial results drawn), for 2 collator
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere in the checkout
 
+from benchmarks.app_check import served_app  # noqa: E402
+from benchmarks.speedup_stability import busy_cores  # noqa: E402
 from demo_core import RunConfig, run_comparison  # noqa: E402
 from demo_core.collators import collator_names  # noqa: E402
 
@@ -63,47 +58,6 @@ def one_stop(model: str, after: int) -> tuple[float, int, int]:
 PAGE_STEPS = 100  # per collator: no run ends on its own before its Stop, even on an idle machine
 
 
-@contextlib.contextmanager
-def every_core_busy() -> Iterator[int]:
-    """One process per core spinning at the server's own priority, for the block's duration; yields their count."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-    try:
-        yield len(spinners)
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-
-
-@contextlib.contextmanager
-def served_app() -> Iterator[str]:
-    """`python app.py` as a Space starts it, on a free port, its data dir a temporary folder; yields its URL. The
-    planner's warm-up is off: its LoRA phase waits for an idle server anyway, and its opening phase would only add a
-    thread that is not there a minute after start-up."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "PACKING_LAB_DATA_DIR": tempfile.mkdtemp(prefix="packing-lab-stop-latency-"),
-           "GRADIO_SERVER_PORT": str(port), "PACKING_LAB_PLANNER_WARMUP": "off", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"app.py exited with {server.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"app.py did not answer at {url} within 300 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        server.kill()
-        server.wait()
-
-
 def page_stop(client, run_event: int, stop_event: int, inputs: list) -> float:
     """Seconds from the Stop call to the end of the run's stream; Stop once the progress bar counts a step."""
     run = client.submit(*inputs, fn_index=run_event)
@@ -120,7 +74,10 @@ def page_stop(client, run_event: int, stop_event: int, inputs: list) -> float:
 def through_the_page(model: str, collator_counts: list[int], repeat: int) -> None:
     from gradio_client import Client
 
-    with served_app() as url, every_core_busy() as spinners:
+    # the planner's warm-up off: its LoRA phase waits for an idle server anyway, and its opening phase would only add
+    # a thread that is not there a minute after start-up
+    spinners = os.cpu_count() or 1
+    with served_app({"PACKING_LAB_PLANNER_WARMUP": "off"}, quiet=True) as url, busy_cores(spinners):
         client = Client(url, verbose=False, download_files=False)
         events = {event["api_name"]: event for event in client.config["dependencies"]}
         run_event, stop_event = events["run_page"], events["request_stop"]
