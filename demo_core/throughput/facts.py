@@ -112,10 +112,6 @@ class ModelFacts:
     ssm_width: int  # an SSM layer's inner channels (its element-wise traffic)
 
     @property
-    def matmul_weights(self) -> int:
-        return self.dense_matmul_weights + self.expert_matmul_weights
-
-    @property
     def active_matmul_weights(self) -> float:
         """Weights one token multiplies: the dense ones and its share of the experts."""
         if not self.experts:
