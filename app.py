@@ -9,9 +9,9 @@ a run: serving/sharing.py), and `/plan` (the memory planner, serving/planner_pag
 
 What serving many visitors needs (sessions, uploads, the GPU worker, runs and their history, links) and the page's
 parts (layout, widgets, look, views) live in `serving/`, listed in docs/CONTRIBUTING.md; the figures, tables and
-sentences are drawn by `presentation/` from the engine's numbers. Limits come from the environment
-(`demo_core.Limits.from_env()`); local model and data paths typed into the page or the API must lie under
-PACKING_LAB_ALLOWED_ROOTS (default: the data dir); finished runs are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
+sentences are drawn by `presentation/` from the engine's numbers. Settings come from the environment, checked at
+start-up (`serving/operator_settings.py`); local model and data paths typed into the page or the API must lie under
+the allowed roots (default: the data dir); finished runs are kept in `<PACKING_LAB_DATA_DIR>/history.jsonl`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline by default
 import gradio as gr  # noqa: E402
 
 import demo_core  # noqa: E402
-from demo_core import Limits, RunConfig  # noqa: E402
+from demo_core import RunConfig  # noqa: E402
 from demo_core.settings import capped_defaults  # noqa: E402
 from presentation import headline  # noqa: E402
-from serving import (gpu, history_view, layout, page, planner_page, provenance, runs, takehome, uploads,  # noqa: E402
-                     views)
+from serving import (gpu, history_view, layout, operator_settings, page, planner_page, provenance, runs,  # noqa: E402
+                     takehome, uploads, views)
 from serving.api_docs import (DATASET_FILE, PreviewDocument, RunDocument, RunSummary, SharedLink,  # noqa: E402
                               documented_api, settings_endpoint)
 from serving.errors import user_errors  # noqa: E402
@@ -44,7 +44,7 @@ from serving.sharing import SharedRuns  # noqa: E402
 from serving.stop import TIME_BUDGET  # noqa: E402
 from serving.uploads import Upload  # noqa: E402
 
-LIMITS = Limits.from_env()
+LIMITS = operator_settings.checked_limits()  # a bad setting stops the server here: `error: ...`, exit 2
 HISTORY = RunHistory(data_dir())
 SHARES = SharedRuns(data_dir())  # read-only copies of runs, opened by their links (serving/sharing.py)
 # The engine's defaults, lowered to the configured caps so that a run with defaults is always allowed.

@@ -38,6 +38,23 @@ MAX_LORA_RANK = 1024
 MAX_GRAD_ACCUM = 256
 
 
+def env_number(name: str, default: float | None, whole: bool = False) -> float | None:
+    """An operator's numeric setting from the environment: unset or empty gives `default`; anything but a positive
+    number (a whole one where `whole`) is refused with the variable's name, so the server stops at start-up with one
+    clear line instead of failing at the first request that reads it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    kind = "a whole number" if whole else "a number"
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise DemoInputError(f"{name} must be {kind} above 0, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise DemoInputError(f"{name} must be {kind} above 0, got {raw!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Upper bounds on what one run may ask for. Defaults suit a workstation; the app reads PACKING_LAB_MAX_*."""
@@ -51,8 +68,7 @@ class Limits:
     @classmethod
     def from_env(cls) -> "Limits":
         def read(name: str, default: int) -> int:
-            raw = os.environ.get(name)
-            return int(raw) if raw else default
+            return int(env_number(name, default, whole=True))
 
         return cls(
             max_samples=read("PACKING_LAB_MAX_SAMPLES", cls.max_samples),

@@ -133,7 +133,7 @@ def warm_up_scope() -> str:
     """The warm-up's scope from `PACKING_LAB_PLANNER_WARMUP` (default "all"); any other value is refused at start-up."""
     scope = os.environ.get(WARM_UP_ENV, "all").strip().lower() or "all"
     if scope not in WARM_UP_SCOPES:
-        raise ValueError(f"{WARM_UP_ENV} must be one of {', '.join(WARM_UP_SCOPES)}, got {scope!r}")
+        raise DemoInputError(f"{WARM_UP_ENV} must be one of {', '.join(WARM_UP_SCOPES)}, got {scope!r}")
     return scope
 
 

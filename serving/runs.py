@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from typing import Iterator
 
 from demo_core import DemoInputError, Limits, Prepared
+from demo_core.config import env_number
 from demo_core.training import duration
 from presentation.recipe_script import with_code
 from presentation.report import PREDICTION_BASIS
@@ -39,10 +39,7 @@ SAVED = "saved"  # train_and_save's last event: (SAVED, HistoryEntry, or None wh
 
 
 def run_time_cap_s() -> float | None:
-    raw = os.environ.get(MAX_RUN_ENV)
-    if raw:
-        return float(raw)
-    return ZEROGPU_DEFAULT_CAP_S if gpu.ON_ZEROGPU else None
+    return env_number(MAX_RUN_ENV, ZEROGPU_DEFAULT_CAP_S if gpu.ON_ZEROGPU else None)
 
 
 def _too_long(estimate: duration.RunEstimate, needed_s: float, cap_s: float, start_s: float) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 from pathlib import Path
 
 from gradio.utils import get_upload_folder
 
 from demo_core import DemoInputError
+from demo_core.config import env_number
 
 MAX_AGE_ENV = "PACKING_LAB_UPLOAD_MAX_AGE_S"
 DEFAULT_MAX_AGE_S = 3600
@@ -28,8 +28,7 @@ def upload_folder() -> Path:
 
 
 def max_age_s() -> int:
-    raw = os.environ.get(MAX_AGE_ENV)
-    return int(raw) if raw else DEFAULT_MAX_AGE_S
+    return int(env_number(MAX_AGE_ENV, DEFAULT_MAX_AGE_S, whole=True))
 
 
 def sweep_schedule() -> tuple[int, int]:
