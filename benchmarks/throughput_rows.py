@@ -68,6 +68,11 @@ PROFILES = {
     # tokens per example. The spread is not stated: the shape of this repo's flan-like generator (lognormal, sigma
     # 0.85, demo_core/data/loading.py), cut at the runs' max length 4,096.
     "flan-20k": shifted_lognormal(20000, 119.8, 0.85, 0, 4096),
+    # fms-acceleration's FLAN subset (PR #66's benchmark; PR #67 names it "Flan Subset (6000 samples)", an internal
+    # preparation): 6,000 examples, and #66's own table gives 484 real tokens each (padding-free tokens/s per device x
+    # runtime x 2 devices / 6,000: 1875 x 774, 1142 x 1271 and 1156 x 1255 all give 2.90M tokens). Four times the
+    # paper's FLAN examples: another sampling and template. The spread is not stated: the paper's FLAN shape above.
+    "flan-6k (fms)": shifted_lognormal(6000, 484.0, 0.85, 0, 4096),
     # Alpaca (fms-acceleration's default benchmark data, instruct-formatted), granite tokenizer. The MoE CSV gives real
     # tokens per example (padding-free rows: 5741.041 tokens/s / 29.631 samples/s = 193.7) and padded slots per
     # example at per-GPU batch 8 (padded rows: 5440.927 / 19.502 = 279.0, the same at 2 and 4 GPUs). The instruct
@@ -136,10 +141,12 @@ _FMS = {
     ("gptq", 4, 1): (6.357, 7.18, 2084.464), ("gptq", 2, 2): (2.588, 2.653, 387.358),
     ("gptq", 8, 1): (6.566, 10.38, 3013.188), ("gptq", 4, 2): (5.196, 5.386, 775.241),
 }
-# The 2-GPU QLoRA / GPTQ-LoRA rows are held out and not calibrated on: without fused kernels they run at under half
-# the per-GPU rate of the same file's fused-kernel (foak) rows at 2 GPUs (2.56 vs 5.77 samples/s at batch 2), a
-# slowdown of that software path the model does not represent.
-_FMS_CALIBRATE = {("full", 4, 1), ("full", 4, 2), ("bnb", 4, 1), ("gptq", 8, 1)}
+# One row per kind of run calibrates: each parameter is fitted on the first row that exercises it. The 2-GPU
+# bitsandbytes row at batch 4 fits `sharded_dequant_efficiency`: without fused kernels, a 4-bit base sharded by FSDP
+# costs about 1.3-1.5 s per micro-batch whatever its tokens (2.56 and 5.13 samples/s at batch 2 and 4: the same 1.56 s
+# per micro-batch), under half the rate of the same file's fused-kernel (foak) rows; GPTQ's rows, batch 2 and fms
+# #66's FLAN rows test it.
+_FMS_CALIBRATE = {("full", 4, 1), ("full", 4, 2), ("bnb", 4, 1), ("gptq", 8, 1), ("bnb", 4, 2)}
 _FMS_NAMES = {"full": "full fine-tune (none vs aadp-padding-free)",
               "bnb": "QLoRA bitsandbytes r16 qkvo (accelerated-peft-bnb vs -padding-free)",
               "gptq": "GPTQ-LoRA r16 qkvo (accelerated-peft-autogptq vs -padding-free)"}
@@ -161,7 +168,7 @@ def _fms_rows() -> list[PublishedRow]:
 
 
 _FMS_FLAN_RUN = {**_FMS_BASE, "batch_size": 4, "gpus": 2, "shard": "fsdp"}
-_FMS_FLAN_ASSUMED = ("the FLAN subset's lengths as the paper's FLAN (same group, same data source); the fms "
+_FMS_FLAN_ASSUMED = ("6,000 examples (PR #67), the spread of the paper's FLAN (same group, same data source); the fms "
                      "benchmark defaults of the CSV rows (A100-80GB, fp16 weights, checkpointing, grad accum 2)")
 _PAPER_RUN = dict(gpu="a100-80gb", gpus=8, shard="fsdp", batch_size=4, grad_accum=2, max_length=4096,
                   precision="bf16", weights="half", gradient_checkpointing=True, optimizer_impl="foreach")
@@ -194,13 +201,13 @@ ROWS: list[PublishedRow] = _fms_rows() + [
                  "A100-80GB, batch 4, accum 2, max 4096 (the paper's setting) and its assumptions; 20k examples",
                  "Mistral-7B-v0.3", "orcamath-20k", _PAPER_RUN, "flatten", 1658 / 1216, 1216, 1658),
     PublishedRow(FMS_PR_66, "Mistral-7B full fine-tune, 2 devices, device batch 4, Flan subset: runtime 1430 s "
-                            "padded vs 774 s padding-free", _FMS_FLAN_ASSUMED, "Mistral-7B-v0.3", "flan-20k",
-                 _FMS_FLAN_RUN, "flatten", 1430 / 774, None, None),
+                            "padded vs 774 s padding-free", _FMS_FLAN_ASSUMED, "Mistral-7B-v0.3", "flan-6k (fms)",
+                 _FMS_FLAN_RUN, "flatten", 1430 / 774, 992, 1875),
     PublishedRow(FMS_PR_66, "Mistral-7B QLoRA (BNB), same: 1612 s vs 1271 s", _FMS_FLAN_ASSUMED, "Mistral-7B-v0.3",
-                 "flan-20k", {**_FMS_FLAN_RUN, **_FMS_QLORA}, "flatten", 1612 / 1271, None, None),
+                 "flan-6k (fms)", {**_FMS_FLAN_RUN, **_FMS_QLORA}, "flatten", 1612 / 1271, 880, 1142),
     PublishedRow(FMS_PR_66, "Mistral-7B GPTQ-LoRA, same: 1569 s vs 1255 s", _FMS_FLAN_ASSUMED + "; GPTQ priced as "
-                 "QLoRA", "Mistral-7B-v0.3", "flan-20k", {**_FMS_FLAN_RUN, **_FMS_QLORA}, "flatten", 1569 / 1255,
-                 None, None),
+                 "QLoRA", "Mistral-7B-v0.3", "flan-6k (fms)", {**_FMS_FLAN_RUN, **_FMS_QLORA}, "flatten", 1569 / 1255,
+                 904, 1156),
     PublishedRow(FMS_MOE_CSV, "granite-3.0-3b-a800m-instruct (MoE, 40 experts, 8 per token) full fine-tune, 1x "
                               "A100-80GB, ScatterMoE (moe-scattermoe-granite-ep1 vs -ep1-padding-free), batch 8, "
                               "grad accum 16, bf16 weights, alpaca", "A100-80GB SXM (the file's name)",

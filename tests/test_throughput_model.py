@@ -88,6 +88,25 @@ def test_fixed_costs_shrink_the_speedup(config):
     assert speedup(config, lengths, optimizer_impl="foreach") < full
 
 
+def test_a_four_bit_base_sharded_over_gpus_dequantizes_at_its_own_rate(config):
+    """PEFT's unfused 4-bit layers under FSDP pay far more per micro-batch than on one GPU (fms-acceleration's
+    2-GPU QLoRA runs): priced at sharded_dequant_efficiency, and packing gains less there."""
+    lengths = lognormal_lengths(0.8)
+    qlora = {"lora_rank": 16, "qlora": True, "batch_size": 4, "grad_accum": 2}
+
+    def dequantize_s(**settings):
+        result = predict_throughput(config, lengths, ["padded"], gpu="a100-80gb", **qlora, **settings)
+        return result["collators"]["padded"]["breakdown"]["dequantize"] / qlora["grad_accum"]  # per micro-batch
+
+    one_gpu, sharded = dequantize_s(), dequantize_s(gpus=2, shard="fsdp")
+    rates = CALIBRATED.dequant_efficiency / CALIBRATED.sharded_dequant_efficiency
+    assert sharded == pytest.approx(one_gpu * rates, rel=1e-6) and rates > 3
+    # a replicated 4-bit base (DDP) dequantizes as on one GPU
+    assert dequantize_s(gpus=2, shard="none") == pytest.approx(one_gpu, rel=1e-6)
+    assert speedup(config, lengths, gpus=2, shard="fsdp", **qlora) < speedup(config, lengths, gpus=2, shard="none",
+                                                                               **qlora)
+
+
 def test_a_slower_interconnect_and_more_gpus_shrink_the_speedup(config):
     lengths = lognormal_lengths(0.8)
     settings = dict(gpus=8, shard="fsdp", batch_size=4)

@@ -17,7 +17,8 @@ Per micro-batch on one GPU (T = token slots computed: B x L_max padded, Σl pack
                 pad of a padded batch: bytes moved per token slot (counted below) over bandwidth x memory_efficiency,
                 x (T + M_half) / T as the GEMMs: a kernel over few tokens does not fill the GPU either.
   dequantize    QLoRA: each 4-bit weight unpacked to bf16 before every pass that uses it, over bandwidth x
-                dequant_efficiency: per micro-batch, whatever its tokens.
+                dequant_efficiency (sharded_dequant_efficiency when FSDP / ZeRO-3 shards the 4-bit base over several
+                GPUs): per micro-batch, whatever its tokens.
   kernels       every operation's kernel costs the GPU kernel_s_per_op beyond its work (launch latency, the ramp
                 and tail of its grid): operations per micro-batch (counted on the model's own code, ops.py) x it.
   host          the eager dispatcher's time per operation x the same count: on a GPU it overlaps the kernels and
@@ -60,6 +61,10 @@ class Efficiencies:
     #                               GEMMs' rate; a hybrid's scan is a small share of its step either way)
     memory_efficiency: float = 0.60  # of datasheet bandwidth, element-wise / optimizer traffic (stated)
     dequant_efficiency: float = 0.168  # of bandwidth, unpacking 4-bit weights (calibrated)
+    sharded_dequant_efficiency: float = 0.0231  # the same for a 4-bit base FSDP / ZeRO-3 shards over several GPUs
+    #                                            (calibrated: PEFT's unfused bitsandbytes / GPTQ layers under FSDP pay
+    #                                            about 1.3 s per micro-batch of a 7B model on two A100s, whatever its
+    #                                            tokens; fused kernels do not, and the model does not price those)
     comm_efficiency: float = 0.71  # of the link's one-way bandwidth, NCCL rings inside training (calibrated)
     comm_overlap: float = 0.90  # share of a micro-batch's compute its collectives can hide behind (calibrated)
     host_s_per_op: float = 8e-6  # eager dispatch + kernel launch per aten op on a GPU host (stated)
@@ -206,8 +211,10 @@ class Costing:
         bandwidth = self.device.memory_bytes_per_s
         dequant_s = 0.0
         if run.qlora:
+            sharded = run.shard in PER_MICRO_BATCH_SHARDING and run.gpus > 1
+            efficiency = eff.sharded_dequant_efficiency if sharded else eff.dequant_efficiency
             dequant_s = (facts.quantizable_weights * QLORA_BYTES_PER_WEIGHT * (forwards + 1)
-                         / (bandwidth * eff.dequant_efficiency))
+                         / (bandwidth * efficiency))
         kernels_s = self.operations(micro) * eff.kernel_s_per_op if self.device.host_overlaps else 0.0
         return {"matmul": matmul_s, "attention": attention_flops / (self.peak_flops * eff.attention_efficiency),
                 "ssm": ssm_flops / (self.peak_flops * eff.ssm_efficiency),
