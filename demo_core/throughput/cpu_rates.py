@@ -121,7 +121,8 @@ def cpu_device(rates: CpuRates) -> tuple[Device, Efficiencies]:
     return device, Efficiencies(matmul_efficiency=1.0,
                                 matmul_half_tokens_per_ridge=rates.matmul_half_tokens / ridge_tokens,
                                 attention_efficiency=rates.attention_flops / rates.matmul_flops, memory_efficiency=1.0,
-                                dequant_efficiency=1.0, comm_efficiency=1.0, host_s_per_op=rates.seconds_per_op,
+                                dequant_efficiency=1.0, sharded_dequant_efficiency=1.0, comm_efficiency=1.0,
+                                host_s_per_op=rates.seconds_per_op,
                                 step_fixed_s=CPU_STEP_FIXED_S)
 
 
