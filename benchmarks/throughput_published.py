@@ -64,9 +64,9 @@ def predict_row(row: PublishedRow, efficiencies: Efficiencies = CALIBRATED, max_
 def naive_speedup(row: PublishedRow) -> float:
     """The slots-only model: padded slots / real tokens of the same examples (bfd: the same as flatten)."""
     predicted = predict_row(row, Efficiencies(matmul_half_tokens_per_ridge=0.0, attention_efficiency=1e9,
-                                              ssm_efficiency=1e9, memory_efficiency=1e9, dequant_efficiency=1e9, sharded_dequant_efficiency=1e9,
-                                              comm_efficiency=1e9, host_s_per_op=0.0, kernel_s_per_op=0.0,
-                                              step_fixed_s=0.0))
+                                              ssm_efficiency=1e9, memory_efficiency=1e9, dequant_efficiency=1e9,
+                                              sharded_dequant_efficiency=1e9, comm_efficiency=1e9, host_s_per_op=0.0,
+                                              kernel_s_per_op=0.0, step_fixed_s=0.0))
     return predicted[row.collator]["speedup_vs_padded"]
 
 
@@ -80,14 +80,14 @@ def _errors(row: PublishedRow, efficiencies: Efficiencies, max_steps: int = MAX_
 
 
 # Fractions of a rate are at most 1; large GEMMs reach 80-90% of an A100's or H100's dense peak in cuBLAS, never more.
-UPPER_BOUNDS = {"matmul_efficiency": 0.9, "comm_overlap": 1.0, "dequant_efficiency": 1.0, "sharded_dequant_efficiency": 1.0, "comm_efficiency": 1.0,
-                "expert_matmul_efficiency": 1.0}
+UPPER_BOUNDS = {"matmul_efficiency": 0.9, "comm_overlap": 1.0, "dequant_efficiency": 1.0,
+                "sharded_dequant_efficiency": 1.0, "comm_efficiency": 1.0, "expert_matmul_efficiency": 1.0}
 GRID_MATMUL_EFFICIENCY = (0.65, 0.75, 0.85, 0.9)
 GRID_HALF_TOKENS_PER_RIDGE = (1.0, 1.5, 2.0, 3.0, 4.0)
 # The roofline: below its ridge point a GEMM is bound by reading its weights, so its half-rate point is never under it.
 LOWER_BOUNDS = {"matmul_half_tokens_per_ridge": 1.0}
-CALIBRATED_FIELDS = ("matmul_efficiency", "matmul_half_tokens_per_ridge", "dequant_efficiency", "sharded_dequant_efficiency", "comm_efficiency",
-                     "comm_overlap", "step_fixed_s")
+CALIBRATED_FIELDS = ("matmul_efficiency", "matmul_half_tokens_per_ridge", "dequant_efficiency",
+                     "sharded_dequant_efficiency", "comm_efficiency", "comm_overlap", "step_fixed_s")
 # Each parameter is fitted on the rows it prices: the experts' on the mixture-of-experts rows alone, after the rest
 # (shared by every row) on the dense ones.
 EXPERT_FIELDS = ("expert_matmul_efficiency",)

@@ -176,7 +176,6 @@ def _screenshot(page, name: str, full_page: bool = False) -> None:
     page.screenshot(path=str(ARTIFACTS / name), full_page=full_page)
 
 
-
 def _tab(browser, viewport: dict, pixel_ratio: float = 1):
     tab = browser.new_page(viewport=viewport, device_scale_factor=pixel_ratio)
     tab.set_default_timeout(60_000)

@@ -51,7 +51,6 @@ def _set_number(page, elem_id: str, value: int) -> None:
     box.press("Enter")
 
 
-
 def _run_on_a_phone(browser, url: str, collators: tuple[str, ...]) -> dict:
     """Runs `collators` from a 390 px phone as a person would, and measures the action bar while it trains and
     after: {"training": its tallest, "after-run": its height once the run is saved}, in CSS pixels."""

@@ -150,7 +150,7 @@ def test_the_warm_up_scope_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv(planner_page.WARM_UP_ENV, " Opening ")
     assert planner_page.warm_up_scope() == "opening"
     monkeypatch.setenv(planner_page.WARM_UP_ENV, "some")
-    with pytest.raises(ValueError, match="PACKING_LAB_PLANNER_WARMUP must be one of all, opening, off, got 'some'"):
+    with pytest.raises(DemoInputError, match="PACKING_LAB_PLANNER_WARMUP must be one of all, opening, off, got 'some'"):
         planner_page.warm_up_scope()
     monkeypatch.setenv(planner_page.WARM_UP_ENV, "off")
     monkeypatch.setattr(activation_probe, "_FIT_CACHE", LRU(activation_probe._FIT_CACHE.max_entries))

@@ -84,7 +84,6 @@ def test_a_revoked_link_opens_nothing(lab_app, sharer):
     assert b.predict(sharer["link"]["token"], api_name="/shared")["results"]  # the first link still opens
 
 
-
 def _open(browser, url: str):
     """A page in a browser context of its own (another visitor)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
