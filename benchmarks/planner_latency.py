@@ -44,12 +44,18 @@ def ask(model: str, mode: str, way: str) -> float:
     return time.perf_counter() - started
 
 
+def in_a_fresh_process(call: str) -> list[float]:
+    """The number or numbers `call` (a call of this module's, `bench.`) returns, in a fresh Python process (nothing
+    imported or fitted yet)."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import benchmarks.planner_latency as bench; "
+            f"value = {call}; print(*(value if isinstance(value, tuple) else (value,)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [float(number) for number in done.stdout.strip().splitlines()[-1].split()]
+
+
 def cold(model: str, mode: str, way: str) -> float:
     """The first question of a fresh process (its imports not counted)."""
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import benchmarks.planner_latency as bench; "
-            f"print(bench.ask({model!r}, {mode!r}, {way!r}))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return float(done.stdout.strip().splitlines()[-1])
+    return in_a_fresh_process(f"bench.ask({model!r}, {mode!r}, {way!r})")[0]
 
 
 def warm_up_cost(scope: str) -> tuple[float, float]:
@@ -67,11 +73,8 @@ def warm_up_cost(scope: str) -> tuple[float, float]:
 
 def opening_warm_up_cost() -> tuple[float, float]:
     """`warm_up_cost("opening")` in a fresh process (this one has fitted everything by then)."""
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import benchmarks.planner_latency as bench; "
-            f"print(*bench.warm_up_cost('opening'))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    wall_s, cpu_s = done.stdout.strip().splitlines()[-1].split()
-    return float(wall_s), float(cpu_s)
+    wall_s, cpu_s = in_a_fresh_process("bench.warm_up_cost('opening')")
+    return wall_s, cpu_s
 
 
 def after_warm_up(models: list[str]) -> tuple[tuple[float, float], dict[tuple[str, str, str], float]]:
