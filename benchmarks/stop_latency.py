@@ -13,14 +13,22 @@ of the run's stream (its last update: the partial results drawn), for 2 collator
 
     python benchmarks/stop_latency.py [--model tiny-llama] [--after 21] [--repeat 3]
     python benchmarks/stop_latency.py --page [--collators 2 7] [--repeat 5]
+
+What freezing the server's start-up objects saves (`--collection`): imports `app` (its page built, as `python app.py`
+has it), counts the objects the garbage collector tracks, and times the full collection that ends every run
+(`demo_core.caches.release_memory`) before and after `demo_core.freeze_start_up_objects()`, every core busy.
+
+    python benchmarks/stop_latency.py --collection [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere in the checkout
 
+import demo_core  # noqa: E402
 from benchmarks.app_check import served_app  # noqa: E402
 from benchmarks.speedup_stability import busy_cores  # noqa: E402
 from demo_core import RunConfig, run_comparison  # noqa: E402
@@ -98,6 +107,26 @@ def through_the_page(model: str, collator_counts: list[int], repeat: int) -> Non
         client.close()
 
 
+def collection_s(repeat: int) -> None:
+    """The seconds of a full collection in a server process, its start-up objects walked and then frozen."""
+    os.environ.setdefault("PACKING_LAB_DATA_DIR", tempfile.mkdtemp(prefix="packing-lab-gc-"))
+    import app  # noqa: F401  (the page built: what a server holds for its whole life)
+
+    def timed() -> float:
+        started = time.perf_counter()
+        gc.collect()
+        return time.perf_counter() - started
+
+    spinners = os.cpu_count() or 1
+    with busy_cores(spinners):
+        tracked = len(gc.get_objects())
+        walked = statistics.median(timed() for _ in range(repeat))
+        demo_core.freeze_start_up_objects()
+        frozen = statistics.median(timed() for _ in range(repeat))
+    print(f"{tracked:,} objects tracked after start-up; a full collection ({spinners} busy cores, median of {repeat}): "
+          f"{walked:.2f} s walking them, {1000 * frozen:.1f} ms once frozen")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-llama")
@@ -105,7 +134,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--page", action="store_true", help="through the page's Run and Stop, every core busy")
     parser.add_argument("--collators", type=int, nargs="+", default=[2, 7], help="--page: collators per run")
+    parser.add_argument("--collection", action="store_true", help="a full collection's seconds, before and after "
+                        "the start-up objects are frozen")
     args = parser.parse_args()
+    if args.collection:
+        collection_s(args.repeat)
+        return
     if args.page:
         through_the_page(args.model, args.collators, args.repeat)
         return

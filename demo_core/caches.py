@@ -108,7 +108,7 @@ def freeze_start_up_objects() -> None:
     """Takes every object alive now out of the garbage collector's reach for good (gc.freeze), after collecting what
     is already garbage. A server calls it once its modules are imported and its page built: those live as long as the
     process, and `release_memory`'s full collection (after every burst and run) then walks only what the runs made.
-    That collection holds the GIL, so the page's end of a run waited for it: 0.8 s over a server's 650k start-up
-    objects with every core busy, 0.03 s once they are frozen (benchmarks/stop_latency.py --page)."""
+    That collection holds the GIL, so the page's end of a run waited for it: 0.66-0.78 s over a server's 630k start-up
+    objects with every core busy, under 0.1 ms once they are frozen (benchmarks/stop_latency.py --collection)."""
     gc.collect()
     gc.freeze()
