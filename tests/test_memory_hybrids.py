@@ -63,6 +63,10 @@ HYBRIDS = {
     # index_topk of them (2048 in released configs), more than these batches' rows hold, as at real lengths up to it
     "deepseek_v32": lambda: transformers.DeepseekV32Config(**{**BASE, "num_key_value_heads": 4}, **MLA,
                                                            index_n_heads=4, index_head_dim=16, index_topk=256),
+    # V2: the same MLA, and a config class (transformers 5) that requires the hidden size to be a multiple of the
+    # head count, which MLA never splits it by: 16 heads, so the probe's usual hidden sizes (40, 56) are refused
+    "deepseek_v2": lambda: transformers.DeepseekV2Config(**{**BASE, "num_attention_heads": 16,
+                                                            "num_key_value_heads": 16}, **MLA),
     # one decoder layer: the per-layer lists of one entry
     "llama_one_layer": lambda: transformers.LlamaConfig(**{**BASE, "num_hidden_layers": 1}),
 }
@@ -140,7 +144,7 @@ def _model_folder(family: str, folder) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32", "llama_one_layer"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32", "deepseek_v2", "llama_one_layer"])
 def test_checkpoints_that_crashed_the_memory_probe_plan_and_train_through_the_cli(family, tmp_path, capsys):
     """Issue 31's crashes: DeepSeek-V3/V3.2 shapes (qk_rope_head_dim beside a shrunk head_dim) and a one-layer
     model (per-layer lists of one entry) plan and train from a model folder, flatten equal to padded."""

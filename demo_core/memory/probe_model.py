@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from demo_core.caches import LRU
 from demo_core.isolation import exclusive
@@ -37,6 +38,7 @@ _WIDTH_POINTS = (24, 40)  # multiples of 8: a bf16 row of them is 16-byte aligne
 
 
 _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (explicit head_dim)
+_HIDDEN_BUMP = 16  # the bumped hidden point's distance from the base, at least (rounded up to the config's multiple)
 
 
 # Head counts of linear-attention layers (gated delta nets: Qwen3-Next, Qwen3.5, Olmo-Hybrid), shrunk like widths:
@@ -96,7 +98,28 @@ def _probe_head_dims(config: Any) -> tuple[int, int]:
 
 
 def _rebuilt(config: Any, values: dict[str, Any]) -> Any:
-    return type(config).from_dict(values)
+    """The config class built from `values`. transformers 5 validates its configs as huggingface_hub's strict
+    dataclasses; a rejected combination of values is a ValueError like any other config's."""
+    try:
+        return type(config).from_dict(values)
+    except StrictDataclassError as error:
+        raise ValueError(str(error).strip().splitlines()[-1].strip()) from error
+
+
+def hidden_points(config: Any) -> tuple[int, int]:
+    """Probe hidden sizes for a config whose hidden size is its own width (not heads x head_dim). Some config classes
+    still require it to be a multiple of the attention head count (DeepSeek-V2's MLA, which never splits the hidden
+    size into heads, validates it in transformers 5): then the smallest such multiples at or past the usual points."""
+    try:
+        _rebuilt(config, {**_values(config), "hidden_size": _HIDDEN_POINTS[0]})
+        _rebuilt(config, {**_values(config), "hidden_size": _HIDDEN_POINTS[1]})
+        return _HIDDEN_POINTS
+    except ValueError:
+        step = int(getattr(config, "num_attention_heads", 0) or 0)
+        if step <= 0:
+            raise
+    base = -(-_HIDDEN_POINTS[0] // step) * step
+    return base, base + -(-_HIDDEN_BUMP // step) * step
 
 
 def _values(config: Any) -> dict[str, Any]:
@@ -226,7 +249,9 @@ def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
     chunk size the config sets, each of them at three chunk sizes (it is no width: it enters the token counts, and
     how a width's bytes follow the chunk is only seen where both vary)."""
     low_d, high_d = _probe_head_dims(config)
-    choices = {"head_dim": (low_d, high_d), "hidden_size": _HIDDEN_POINTS, "vocab_size": _VOCAB_POINTS}
+    choices = {"head_dim": (low_d, high_d), "vocab_size": _VOCAB_POINTS}
+    if "hidden_size" in names:
+        choices["hidden_size"] = hidden_points(config)
     choices.update({name: _HEAD_COUNT_POINTS for name in _HEAD_COUNT_WIDTHS})
     choices.update({name: _WIDTH_POINTS for name in names if name not in choices})
     base = {name: choices[name][0] for name in names}
