@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from transformers import BambaConfig
+from transformers import BambaConfig, JambaConfig
 
 from demo_core import RunConfig, prepare
 from demo_core.errors import DemoInputError
@@ -19,6 +19,7 @@ from demo_core.throughput import CALIBRATED, GPUS, cpu_rates, gpu, predict_throu
 from demo_core.throughput.batches import best_fit_decreasing
 from demo_core.throughput.cpu_rates import measure_cpu_rates
 from demo_core.throughput.facts import ModelFacts
+from demo_core.throughput import ops
 from demo_core.throughput.ops import ops_per_micro_batch
 from demo_core.throughput.run_prediction import predicted_speedups
 
@@ -188,6 +189,22 @@ def test_each_model_is_priced_by_its_own_operation_count():
     gpt2, llama = (ops_per_micro_batch(load_config(name), False) for name in ("tiny-gpt2", "tiny-llama"))
     assert gpt2 and llama and gpt2 < 0.8 * llama  # fused Conv1D projections, no rotary: fewer ops per block
     assert ops_per_micro_batch(load_config("tiny-llama"), True) > llama  # checkpointing recomputes the forward
+
+
+@pytest.mark.parametrize("config", [load_config("Mistral-7B-v0.3"), JambaConfig(num_hidden_layers=8)],
+                         ids=["mistral-32-layers", "jamba-periods"])
+def test_a_model_too_large_to_copy_whole_is_counted_on_its_probe_layers_to_the_same_operation(config, monkeypatch):
+    """Past the budget (DeepSeek-V3's every-layer copy held 2.4B weights) the count runs on two layers per kind, each
+    standing for its share of the real layers, and the layers outside once: the same count as every layer's, with
+    the backward, checkpointing's recomputed forward and LoRA's adapters attributed to their layers (Jamba: a
+    config that places its layers by rule, copied as a prefix)."""
+    for checkpointing, lora_rank in ((False, 0), (True, 0), (True, 16)):
+        monkeypatch.setattr(ops, "_COUNTS", ops.LRU(max_entries=4))
+        monkeypatch.setattr(ops, "EVERY_LAYER_BUDGET_PARAMS", 10**12)
+        every_layer = ops_per_micro_batch(config, checkpointing, lora_rank)
+        monkeypatch.setattr(ops, "_COUNTS", ops.LRU(max_entries=4))
+        monkeypatch.setattr(ops, "EVERY_LAYER_BUDGET_PARAMS", 0)
+        assert every_layer and ops_per_micro_batch(config, checkpointing, lora_rank) == every_layer
 
 
 def test_a_per_tensor_optimizer_and_exposed_collectives_cost_more():
