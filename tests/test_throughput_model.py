@@ -15,11 +15,10 @@ from demo_core import RunConfig, prepare
 from demo_core.errors import DemoInputError
 from demo_core.gpus import gpu_for_device_name
 from demo_core.memory.plan_request import load_config
-from demo_core.throughput import CALIBRATED, GPUS, cpu_rates, gpu, predict_throughput
+from demo_core.throughput import CALIBRATED, GPUS, cpu_rates, gpu, ops, predict_throughput
 from demo_core.throughput.batches import best_fit_decreasing
 from demo_core.throughput.cpu_rates import measure_cpu_rates
 from demo_core.throughput.facts import ModelFacts
-from demo_core.throughput import ops
 from demo_core.throughput.ops import ops_per_micro_batch
 from demo_core.throughput.run_prediction import predicted_speedups
 

@@ -25,8 +25,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from demo_core.caches import LRU
 from demo_core.isolation import exclusive
 from demo_core.memory.heads import decoder_layers, model_class_for
-from demo_core.memory.probe_model import (ProbeLayers, ProbeSpec, build_probe_model, probe_config, width_names,
-                                          width_points)
+from demo_core.memory.probe_model import (
+    ProbeLayers,
+    ProbeSpec,
+    build_probe_model,
+    probe_config,
+    width_names,
+    width_points,
+)
 from demo_core.memory.probe_recorder import probe_batch
 
 # The counting batch: two rows, the second padded (the padded path's mask ops included).
