@@ -4,9 +4,9 @@ dense decoders).
 
 Each config is built from its transformers config class at a tiny size the probe's own small models never use
 (hidden 64, and the scans' own chunk of 16 tokens where the config sets one), so a match means the fit carries over
-to other widths, chunk sizes and token shapes. Gated delta nets scan in chunks of 64 tokens fixed in transformers'
-code: their batches span two chunks or more, where the probe fits them (below two chunks a few per-chunk copies
-differ). Run `pytest -s tests/test_memory_hybrids.py` to see the table.
+to other widths, chunk sizes and token shapes. Gated and Kimi delta nets scan in chunks of 64 tokens fixed in
+transformers' code: their batches span two chunks or more, where the probe fits them (below two chunks a few
+per-chunk copies differ). Run `pytest -s tests/test_memory_hybrids.py` to see the table.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ HYBRIDS = {
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**BASE, **GATED_DELTA, **MOE, head_dim=16,
                                                        shared_expert_intermediate_size=32),
     "lfm2": lambda: transformers.Lfm2Config(**BASE, layer_types=["conv", "full_attention"]),
+    # Kimi delta attention (chunks of 64 fixed in transformers' code) beside MLA, a first dense layer, then experts
+    "bailing_hybrid": lambda: transformers.BailingHybridConfig(
+        **{**BASE, "num_key_value_heads": 4}, linear_num_heads=4, linear_head_dim=16, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, head_dim=24, num_experts=4, num_experts_per_token=2,
+        num_expert_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+        mlp_layer_types=["dense", "sparse"], layer_types=["linear_attention", "full_attention"]),
     "deepseek_v3": lambda: transformers.DeepseekV3Config(**{**BASE, "num_key_value_heads": 4}, **MLA),
     # V3.2: MLA with a sparse-attention indexer (its own heads and width) that picks each query's keys: up to
     # index_topk of them (2048 in released configs), more than these batches' rows hold, as at real lengths up to it
@@ -105,7 +111,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _lengths(family: str, layout: str) -> list[int]:
-    if family == "qwen3_next":
+    if family in ("qwen3_next", "bailing_hybrid"):
         return TWO_CHUNKS_PACKED if layout == "packed" else TWO_CHUNKS_PADDED
     return PACKED_LENGTHS if layout == "packed" else PADDED_LENGTHS
 

@@ -41,12 +41,15 @@ _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (expl
 _HIDDEN_BUMP = 16  # the bumped hidden point's distance from the base, at least (rounded up to the config's multiple)
 
 
-# Head counts of linear-attention layers (gated delta nets: Qwen3-Next, Qwen3.5, Olmo-Hybrid), shrunk like widths:
-# every tensor such a layer saves holds one head axis, so its bytes are linear in the count; the value heads follow
-# the key heads at the real model's ratio (each key head serves that many value heads). Real counts (16 and 32 in
-# Qwen3-Next) with real head widths (128) make a probe forward of its chunked scan cost hundreds of MB.
-_HEAD_COUNT_WIDTHS = {"linear_num_key_heads": ("linear_num_value_heads",)}
-_HEAD_COUNT_POINTS = (1, 2)
+# Head counts of linear-attention layers (gated delta nets: Qwen3-Next, Qwen3.5, Olmo-Hybrid; Kimi delta attention:
+# the Bailing hybrid), shrunk like widths: every tensor such a layer saves holds one head axis, so its bytes are
+# linear in the count; the value heads follow the key heads at the real model's ratio (each key head serves that many
+# value heads). Real counts (16 and 32 in Qwen3-Next, 32 in Bailing) with real head widths (128) make a probe forward
+# of its chunked scan cost hundreds of MB (a Bailing plan took over 10 minutes, 96 s shrunk).
+_HEAD_COUNT_WIDTHS = {"linear_num_key_heads": ("linear_num_value_heads",), "linear_num_heads": ()}
+# Probe counts per field. Kimi delta attention's start at two: fitted from one head, a tiny Bailing model's packed
+# batch was 3 KB off in 24 MB; from two, exact to the byte (tests/test_memory_hybrids.py).
+_HEAD_COUNT_POINTS = {"linear_num_key_heads": (1, 2), "linear_num_heads": (2, 4)}
 
 
 # Chunked scans (Mamba-2's SSD in Bamba, Falcon-H1, GraniteMoeHybrid, Zamba2, NemotronH; the gated delta rule) pad each
@@ -252,7 +255,7 @@ def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
     choices = {"head_dim": (low_d, high_d), "vocab_size": _VOCAB_POINTS}
     if "hidden_size" in names:
         choices["hidden_size"] = hidden_points(config)
-    choices.update({name: _HEAD_COUNT_POINTS for name in _HEAD_COUNT_WIDTHS})
+    choices.update(_HEAD_COUNT_POINTS)
     choices.update({name: _WIDTH_POINTS for name in names if name not in choices})
     base = {name: choices[name][0] for name in names}
     points = [base] + [{**base, name: choices[name][1]} for name in names]
