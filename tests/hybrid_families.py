@@ -98,6 +98,12 @@ HYBRID_FAMILIES = [
     HybridFamily("jamba", "JambaMambaMixer", "Mamba-1, MoE", _config(
         "JambaConfig", attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
         num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2)),
+    # Kimi delta attention (the gated delta rule with a per-channel decay) beside MLA, a first dense layer, experts
+    HybridFamily("bailing_hybrid", "BailingHybridDeltaAttention", "Kimi delta attention, MLA, MoE", _config(
+        "BailingHybridConfig", num_key_value_heads=4, linear_num_heads=4, linear_head_dim=16, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, head_dim=24, num_experts=4, num_experts_per_token=2,
+        num_expert_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+        mlp_layer_types=["dense", "sparse"], layer_types=["linear_attention", "full_attention"])),
     HybridFamily("minimax", "MiniMaxLightningAttention", "lightning attention, MoE", _config(
         "MiniMaxConfig", layer_types=["linear_attention", "full_attention"], num_local_experts=4, num_experts_per_tok=2,
         block_size=8, head_dim=16)),

@@ -35,7 +35,7 @@ from hybrid_families import HYBRID_FAMILIES, save_model_folder
 TOLERANCE = 1e-4  # of the logit scale, as preflight.TOLERANCE
 LENGTHS = (13, 6, 10)
 LISTED_MODEL_TYPES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid", "lfm2", "lfm2_moe", "falcon_h1",
-                      "bamba", "zamba2", "granitemoehybrid", "jamba", "minimax"}
+                      "bamba", "zamba2", "granitemoehybrid", "jamba", "minimax", "bailing_hybrid"}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

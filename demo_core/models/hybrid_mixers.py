@@ -73,6 +73,9 @@ MAMBA2 = MixerKind("Mamba-2", ("causal_conv1d_fn", "mamba2_split_conv1d_scan_com
                    ("seq_idx",))
 MAMBA1 = MixerKind("Mamba-1", (), ())
 LIGHTNING_ATTENTION = MixerKind("lightning attention", (), ())
+# The Bailing hybrid hands its layer's keyword arguments to flash-linear-attention's `chunk_kda` as they come, and no
+# test here pins which varlen key that kernel reads: its packed rows always take the per-example loop.
+KIMI_DELTA_ATTENTION = MixerKind("Kimi delta attention", (), ())
 
 # Mixer classes by name, as transformers 5.24 defines them in transformers.models.<type>.modeling_<type>.
 MIXERS: dict[str, MixerKind] = {
@@ -88,6 +91,7 @@ MIXERS: dict[str, MixerKind] = {
     "GraniteMoeHybridMambaLayer": MAMBA2,
     "JambaMambaMixer": MAMBA1,
     "MiniMaxLightningAttention": LIGHTNING_ATTENTION,
+    "BailingHybridDeltaAttention": KIMI_DELTA_ATTENTION,
 }
 
 
