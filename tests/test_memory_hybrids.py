@@ -178,3 +178,14 @@ def test_a_kernel_path_the_model_cannot_run_is_refused_in_one_sentence_and_auto_
     answer = plan(PlanRequest(model=str(tmp_path), batch_size=2, seq_length=256, gpu_gb=24))
     assert answer.attention == "sdpa"
     assert any(note.startswith("attention sdpa: the varlen path") for note in answer.notes)
+
+
+def test_a_model_without_attention_is_refused_in_one_sentence(tmp_path, capsys):
+    """A pure Mamba-2 model has no attention heads (its head_dim is its scan's), and its config class ties the hidden
+    size to the scan's heads, which the probe does not shrink together: the plan says so in one line, where it raised
+    AttributeError ('num_attention_heads') with a traceback."""
+    transformers.Mamba2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+                              expand=2, state_size=8, n_groups=1, chunk_size=16).save_pretrained(tmp_path)
+    assert main(["plan", "--model", str(tmp_path), "--batch-size", "2", "--seq-length", "128"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.startswith("error: cannot estimate memory for mamba2 models")

@@ -199,7 +199,10 @@ def _aliases(config: Any) -> list[str]:
 
 
 def hidden_is_tied(config: Any) -> bool:
-    return _head_dim_is_a_width(config) and config.hidden_size == config.num_attention_heads * head_dim(config)
+    """Whether the hidden size is the attention heads x head_dim (never for a model without attention: Mamba-2's
+    head_dim is its scan's)."""
+    heads = getattr(config, "num_attention_heads", None)
+    return bool(heads) and _head_dim_is_a_width(config) and config.hidden_size == heads * head_dim(config)
 
 
 def width_names(config: Any) -> tuple[str, ...]:
