@@ -58,6 +58,11 @@ HYBRIDS = {
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**BASE, **GATED_DELTA, **MOE, head_dim=16,
                                                        shared_expert_intermediate_size=32),
     "lfm2": lambda: transformers.Lfm2Config(**BASE, layer_types=["conv", "full_attention"]),
+    # Mamba-2 with a head width of its own (its head count shrunk in multiples of its groups), experts, attention, MLP
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        **{**BASE, "num_hidden_layers": 4}, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=8,
+        chunk_size=16, conv_kernel=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32, layers_block_type=["mamba", "moe", "attention", "mlp"], head_dim=16),
     # Kimi delta attention (chunks of 64 fixed in transformers' code) beside MLA, a first dense layer, then experts
     "bailing_hybrid": lambda: transformers.BailingHybridConfig(
         **{**BASE, "num_key_value_heads": 4}, linear_num_heads=4, linear_head_dim=16, kv_lora_rank=16,

@@ -41,15 +41,24 @@ _HIDDEN_POINTS = (40, 56)  # only when hidden size is not heads x head_dim (expl
 _HIDDEN_BUMP = 16  # the bumped hidden point's distance from the base, at least (rounded up to the config's multiple)
 
 
-# Head counts of linear-attention layers (gated delta nets: Qwen3-Next, Qwen3.5, Olmo-Hybrid; Kimi delta attention:
-# the Bailing hybrid), shrunk like widths: every tensor such a layer saves holds one head axis, so its bytes are
-# linear in the count; the value heads follow the key heads at the real model's ratio (each key head serves that many
-# value heads). Real counts (16 and 32 in Qwen3-Next, 32 in Bailing) with real head widths (128) make a probe forward
-# of its chunked scan cost hundreds of MB (a Bailing plan took over 10 minutes, 96 s shrunk).
-_HEAD_COUNT_WIDTHS = {"linear_num_key_heads": ("linear_num_value_heads",), "linear_num_heads": ()}
-# Probe counts per field. Kimi delta attention's start at two: fitted from one head, a tiny Bailing model's packed
-# batch was 3 KB off in 24 MB; from two, exact to the byte (tests/test_memory_hybrids.py).
-_HEAD_COUNT_POINTS = {"linear_num_key_heads": (1, 2), "linear_num_heads": (2, 4)}
+# Head counts of linear-attention and SSM layers (gated delta nets: Qwen3-Next, Qwen3.5, Olmo-Hybrid; Kimi delta
+# attention: the Bailing hybrid; Mamba-2 with its own head width: NemotronH), shrunk like widths: every tensor such a
+# layer saves holds one head axis or none, so its bytes are affine in the count; the value heads follow the key heads
+# at the real model's ratio (each key head serves that many value heads). Real counts (16 and 32 in Qwen3-Next, 32 in
+# Bailing, 128 in NemotronH) with real head widths (64-128) make a probe forward of its chunked scan cost hundreds of
+# MB (a Bailing plan took over 10 minutes, 96 s shrunk; NemotronH over 5 minutes).
+_HEAD_COUNT_WIDTHS = {"linear_num_key_heads": ("linear_num_value_heads",), "linear_num_heads": (),
+                      "mamba_num_heads": ()}
+
+
+def _head_count_points(config: Any, name: str) -> tuple[int, int]:
+    """Probe counts of a head-count field. Kimi delta attention's start at two: fitted from one head, a tiny Bailing
+    model's packed batch was 3 KB off in 24 MB; from two, exact to the byte (tests/test_memory_hybrids.py). Mamba-2's
+    heads are shared out among its groups, so its counts are multiples of the group count."""
+    if name == "mamba_num_heads":
+        groups = int(getattr(config, "n_groups", 1) or 1)
+        return groups, 2 * groups
+    return (2, 4) if name == "linear_num_heads" else (1, 2)
 
 
 # Chunked scans (Mamba-2's SSD in Bamba, Falcon-H1, GraniteMoeHybrid, Zamba2, NemotronH; the gated delta rule) pad each
@@ -208,7 +217,10 @@ def hidden_is_tied(config: Any) -> bool:
 def width_names(config: Any) -> tuple[str, ...]:
     names = ["head_dim"] if _head_dim_is_a_width(config) else []
     names += [] if hidden_is_tied(config) else ["hidden_size"]
-    names += [f for f in (*_WIDTH_FIELDS, *_HEAD_COUNT_WIDTHS) if isinstance(getattr(config, f, None), int)]
+    names += [f for f in _WIDTH_FIELDS if isinstance(getattr(config, f, None), int)]
+    # a head count is shrunk where the real one is at least the larger probe count (else it is probed as it is)
+    names += [f for f in _HEAD_COUNT_WIDTHS if isinstance(getattr(config, f, None), int)
+              and getattr(config, f) >= _head_count_points(config, f)[1]]
     return tuple(names + ["vocab_size"])
 
 
@@ -258,7 +270,7 @@ def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
     choices = {"head_dim": (low_d, high_d), "vocab_size": _VOCAB_POINTS}
     if "hidden_size" in names:
         choices["hidden_size"] = hidden_points(config)
-    choices.update(_HEAD_COUNT_POINTS)
+    choices.update({name: _head_count_points(config, name) for name in _HEAD_COUNT_WIDTHS if name in names})
     choices.update({name: _WIDTH_POINTS for name in names if name not in choices})
     base = {name: choices[name][0] for name in names}
     points = [base] + [{**base, name: choices[name][1]} for name in names]
