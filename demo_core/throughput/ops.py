@@ -42,7 +42,8 @@ EVERY_LAYER_BUDGET_PARAMS = 50_000_000
 
 
 class _Counter(TorchDispatchMode):
-    """Counts operations, and in `by_layer` those dispatched while `layer` is set (a decoder layer's forward)."""
+    """Counts operations, and in `by_layer` by the decoder layer whose forward or backward dispatched them (`layer`,
+    None outside every layer)."""
 
     def __init__(self):
         super().__init__()
