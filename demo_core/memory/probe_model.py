@@ -122,9 +122,10 @@ def hidden_points(config: Any) -> tuple[int, int]:
     """Probe hidden sizes for a config whose hidden size is its own width (not heads x head_dim). Some config classes
     still require it to be a multiple of the attention head count (DeepSeek-V2's MLA, which never splits the hidden
     size into heads, validates it in transformers 5): then the smallest such multiples at or past the usual points."""
+    values = _values(config)
     try:
-        _rebuilt(config, {**_values(config), "hidden_size": _HIDDEN_POINTS[0]})
-        _rebuilt(config, {**_values(config), "hidden_size": _HIDDEN_POINTS[1]})
+        for size in _HIDDEN_POINTS:
+            _rebuilt(config, {**values, "hidden_size": size})
         return _HIDDEN_POINTS
     except ValueError:
         step = int(getattr(config, "num_attention_heads", 0) or 0)
