@@ -1,7 +1,5 @@
 """Time anatomy: operator classification, and the anatomy of real tiny training bursts."""
 
-import multiprocessing
-import os
 import statistics
 import threading
 import time
@@ -15,7 +13,6 @@ from demo_core.step_statistics import profiled_steps
 from demo_core.training.anatomy import (
     OP_CLASSES,
     PHASES,
-    PLAUSIBLE_BACKWARD_OVER_FORWARD,
     StepProfiler,
     _ModuleRanges,
     backward_over_forward,
@@ -271,27 +268,3 @@ def test_another_thread_of_the_process_counts_in_no_phase(one_thread):
         stop.set()
         spinner.join()
     assert stalled["phases_cpu_s"]["forward"] < 0.1
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
-def test_backward_over_forward_stays_plausible_with_every_core_busy():
-    """benchmarks/anatomy_stability.py's check in one run: a process spinning on every core while a burst trains."""
-    spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
-                for _ in range(os.cpu_count() or 1)]
-    for spinner in spinners:
-        spinner.start()
-    try:
-        document = run_comparison(RunConfig(model="tiny-llama", dataset="flan-like", samples=32,
-                                            collators=("padded", "flatten"), steps=6, batch_size=8,
-                                            device="cpu")).to_dict()
-    finally:
-        for spinner in spinners:
-            spinner.terminate()
-    low, high = PLAUSIBLE_BACKWARD_OVER_FORWARD
-    for result in document["results"]:
-        for anatomy in result["step_anatomies"]:  # every profiled step, not only their centre
-            assert low <= backward_over_forward(anatomy) <= high, (result["collator"], anatomy["phases_cpu_s"])
