@@ -32,12 +32,12 @@ def test_release_caches_empties_every_engine_cache():
     planner.dataset_lengths("flan-like", 8, 0)
     preflight.check_packing_is_exact(load_model_source("tiny-llama"), "sdpa", "cpu", ("flatten",))
     activation_probe._FIT_CACHE["a fit"] = "its numbers"
-    probe_model.derived_fields(family_config("llama"))
-    assert probe_model._DERIVED
+    probe_model.rederived_fields(family_config("llama"))
+    assert probe_model._DERIVED and probe_model._REDERIVED
     assert parameters._PARAM_FACTS_CACHE and preflight._passed and planner._tokenized_lengths.cache_info().currsize
     demo_core.release_caches()
     assert not parameters._PARAM_FACTS_CACHE and not preflight._passed and not activation_probe._FIT_CACHE
-    assert not probe_model._DERIVED
+    assert not probe_model._DERIVED and not probe_model._REDERIVED
     assert planner._tokenized_lengths.cache_info().currsize == 0
 
 

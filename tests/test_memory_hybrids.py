@@ -41,6 +41,14 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 MLA = dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4,
            num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1)
 
+def _zamba2(hidden_size: int, heads: int) -> transformers.Zamba2Config:
+    return transformers.Zamba2Config(
+        vocab_size=VOCAB, hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=heads,
+        num_key_value_heads=heads, layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=8,
+        chunk_size=16, adapter_rank=8, intermediate_size=128, max_position_embeddings=2048, pad_token_id=0,
+        bos_token_id=None, eos_token_id=1)
+
+
 HYBRIDS = {
     "bamba": lambda: transformers.BambaConfig(**BASE, **MAMBA2, attn_layer_indices=[1]),
     "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
@@ -51,12 +59,17 @@ HYBRIDS = {
     "jamba": lambda: transformers.JambaConfig(
         **BASE, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
         num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2),
-    "zamba2": lambda: transformers.Zamba2Config(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=8, chunk_size=16, adapter_rank=8,
-        intermediate_size=128, max_position_embeddings=2048, pad_token_id=0, bos_token_id=None, eos_token_id=1),
+    "zamba2": lambda: _zamba2(hidden_size=64, heads=4),
+    # Zamba2 derives its attention head width, 2 x hidden / heads: 38 (rounded down) with 5 heads, where the probe's
+    # hidden sizes give widths that are not whole either; with 6 heads one of them is odd, which rotary refuses
+    "zamba2_5_heads": lambda: _zamba2(hidden_size=96, heads=5),
+    "zamba2_6_heads": lambda: _zamba2(hidden_size=96, heads=6),
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**BASE, **GATED_DELTA, **MOE, head_dim=16,
                                                        shared_expert_intermediate_size=32),
+    # the gated delta net's head widths left to the config class, as the released OLMo hybrid's config.json leaves
+    # them: three quarters of the hidden size per key head (24 here), the value heads twice that
+    "olmo_hybrid": lambda: transformers.OlmoHybridConfig(**BASE, linear_num_key_heads=2, linear_conv_kernel_dim=4,
+                                                         layer_types=["linear_attention", "full_attention"]),
     "lfm2": lambda: transformers.Lfm2Config(**BASE, layer_types=["conv", "full_attention"]),
     # Mamba-2 with a head width of its own (its head count shrunk in multiples of its groups), experts, attention, MLP
     "nemotron_h": lambda: transformers.NemotronHConfig(
@@ -116,7 +129,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _lengths(family: str, layout: str) -> list[int]:
-    if family in ("qwen3_next", "bailing_hybrid"):
+    if family in ("qwen3_next", "olmo_hybrid", "bailing_hybrid"):
         return TWO_CHUNKS_PACKED if layout == "packed" else TWO_CHUNKS_PADDED
     return PACKED_LENGTHS if layout == "packed" else PADDED_LENGTHS
 

@@ -263,10 +263,8 @@ def real_width(config: Any, name: str) -> int:
     return head_dim(config) if name == "head_dim" else int(getattr(config, name))
 
 
-def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
-    """Base point, one point per width bumped alone, and every width bumped (a check the fit must also meet); with a
-    chunk size the config sets, each of them at three chunk sizes (it is no width: it enters the token counts, and
-    how a width's bytes follow the chunk is only seen where both vary)."""
+def _widths_alone(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
+    """Base point, one point per width bumped alone (in `names` order), and every width bumped."""
     low_d, high_d = _probe_head_dims(config)
     choices = {"head_dim": (low_d, high_d), "vocab_size": _VOCAB_POINTS}
     if "hidden_size" in names:
@@ -274,8 +272,14 @@ def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
     choices.update({name: _head_count_points(config, name) for name in _HEAD_COUNT_WIDTHS if name in names})
     choices.update({name: _WIDTH_POINTS for name in names if name not in choices})
     base = {name: choices[name][0] for name in names}
-    points = [base] + [{**base, name: choices[name][1]} for name in names]
-    points.append({name: choices[name][1] for name in names})
+    return [base] + [{**base, name: choices[name][1]} for name in names] + [{name: choices[name][1] for name in names}]
+
+
+def width_points(config: Any, names: tuple[str, ...]) -> list[dict[str, int]]:
+    """Base point, one point per width bumped alone, and every width bumped (a check the fit must also meet); with a
+    chunk size the config sets, each of them at three chunk sizes (it is no width: it enters the token counts, and
+    how a width's bytes follow the chunk is only seen where both vary)."""
+    points = _widths_alone(config, names)
     field = chunk_field(config)
     if field:  # the last point stays every width bumped, at the second chunk size
         sizes = (_CHUNK_POINTS[0], _CHUNK_POINTS[2], _CHUNK_POINTS[1])
@@ -382,15 +386,7 @@ def probe_config(config: Any, widths: dict[str, int], layers: ProbeLayers) -> An
         given[name] = [values[name][i] for i in layers.copies]
     for name in layers.index_lists:
         given[name] = [position for position, i in enumerate(layers.copies) if i in values[name]]
-    if hidden_is_tied(config):
-        given["hidden_size"] = config.num_attention_heads * widths["head_dim"]
-    for name, value in widths.items():
-        if name in _HEAD_COUNT_WIDTHS:
-            for follower in _HEAD_COUNT_WIDTHS[name]:
-                if isinstance(values.get(follower), int):
-                    given[follower] = value * values[follower] // values[name]
-        if name != "head_dim" or "head_dim" in values:  # a stored field (some configs compute it in a property)
-            given[name] = value
+    given.update(_width_values(config, widths, values))
     # A width the config resolved to the hidden size (OPT's word_embed_proj_dim) follows the probe's hidden size:
     # left alone, the two would differ and add layers (OPT's project_in/out) the real model does not have.
     for name, value in values.items():
@@ -404,8 +400,85 @@ def probe_config(config: Any, widths: dict[str, int], layers: ProbeLayers) -> An
         elif isinstance(values.get(name), list):
             given[name] = [0]
     given["use_cache"] = False
-    dropped = derived_fields(config) - set(given)
+    dropped = rederived_fields(config) - set(given)
     return _rebuilt(config, {**{k: v for k, v in values.items() if k not in dropped}, **given})
+
+
+def _width_values(config: Any, widths: dict[str, int], values: dict[str, Any]) -> dict[str, int]:
+    """The config fields a probe point sets: its widths, the hidden size where it is heads x head_dim, and the value
+    heads that follow a shrunk key-head count."""
+    given = {}
+    if hidden_is_tied(config):
+        given["hidden_size"] = config.num_attention_heads * widths["head_dim"]
+    for name, value in widths.items():
+        if name in _HEAD_COUNT_WIDTHS:
+            for follower in _HEAD_COUNT_WIDTHS[name]:
+                if isinstance(values.get(follower), int):
+                    given[follower] = value * values[follower] // values[name]
+        if name != "head_dim" or "head_dim" in values:  # a stored field (some configs compute it in a property)
+            given[name] = value
+    return given
+
+
+_REDERIVED: LRU = LRU(max_entries=64)
+
+
+def rederived_fields(config: Any) -> frozenset[str]:
+    """The derived fields (`derived_fields`) the probe derives again from its small widths: those the class derives
+    in proportion to the widths, affinely, as Mamba-2's head width follows the hidden size (hidden x expand / heads,
+    which its config validates). Proportional means the bumps add up (every width bumped moves the field by the sum
+    of each bumped alone) and, extrapolated to the real widths, give its real value. Any other keeps its real value:
+    - one derived through a ratio of widths: the OLMo hybrid's linear head widths are three quarters of the hidden
+      size per key head; with both shrunk, its recurrent state (heads x key width x value width, per chunk) held
+      hidden^2 / heads, which no bilinear fit holds (the released shape's fit missed by 21 MB; a tiny one's estimate
+      was 3.4% low and reliable by every check);
+    - one rounded: Zamba2's attention head width, 2 x hidden / heads, is not whole at every probe hidden size
+      (5 heads: 20 KB low), or not even where rotary needs it (6 heads: the small config was refused). A field whose
+      derivation breaks the small config keeps its real value, one at a time until every probe point builds."""
+    key = _key(config)
+    known = _REDERIVED.get(key)
+    if known is not None:
+        return known
+    derived = derived_fields(config)
+    names = width_names(config)
+    values = _values(config)
+    points = _widths_alone(config, names)  # base, each width bumped alone, every width bumped
+    rederived = set(derived)
+    built = _configs_at(config, points, values, rederived)
+    while built is None and rederived:
+        for name in sorted(rederived):
+            built = _configs_at(config, points, values, rederived - {name})
+            if built is not None:
+                rederived.discard(name)
+                break
+        else:
+            break
+    if built is None:  # no field kept real helps: building the probe config reports why
+        known = _REDERIVED[key] = derived
+        return known
+    proportional = set()
+    for name in rederived:
+        at = [getattr(point, name, None) for point in built]
+        if not all(isinstance(value, int) for value in at):
+            continue
+        steps = [value - at[0] for value in at[1:-1]]
+        extrapolated = at[0] + sum(step * (real_width(config, width) - points[0][width])
+                                   / (points[1 + index][width] - points[0][width])
+                                   for index, (width, step) in enumerate(zip(names, steps)))
+        if at[-1] - at[0] == sum(steps) and abs(extrapolated - values[name]) < 1e-6:
+            proportional.add(name)
+    known = _REDERIVED[key] = frozenset(proportional)
+    return known
+
+
+def _configs_at(config: Any, points: list[dict[str, int]], values: dict[str, Any], rederived: set[str]
+                ) -> list[Any] | None:
+    """The config at each width point, `rederived` fields derived again by the class; None if one does not build."""
+    kept = {k: v for k, v in values.items() if k not in rederived}
+    try:
+        return [_rebuilt(config, {**kept, **_width_values(config, point, values)}) for point in points]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def build_probe_model(config: Any, widths: dict[str, int], spec: ProbeSpec,
