@@ -41,6 +41,7 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 MLA = dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4,
            num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1)
 
+
 def _zamba2(hidden_size: int, heads: int) -> transformers.Zamba2Config:
     return transformers.Zamba2Config(
         vocab_size=VOCAB, hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=heads,
@@ -66,8 +67,8 @@ HYBRIDS = {
     "zamba2_6_heads": lambda: _zamba2(hidden_size=96, heads=6),
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**BASE, **GATED_DELTA, **MOE, head_dim=16,
                                                        shared_expert_intermediate_size=32),
-    # the gated delta net's head widths left to the config class, as the released OLMo hybrid's config.json leaves
-    # them: three quarters of the hidden size per key head (24 here), the value heads twice that
+    # the gated delta net's head widths as the config class derives them, and as the released shape has them (the
+    # class's defaults): three quarters of the hidden size per key head (24 here), the value heads twice that
     "olmo_hybrid": lambda: transformers.OlmoHybridConfig(**BASE, linear_num_key_heads=2, linear_conv_kernel_dim=4,
                                                          layer_types=["linear_attention", "full_attention"]),
     "lfm2": lambda: transformers.Lfm2Config(**BASE, layer_types=["conv", "full_attention"]),
